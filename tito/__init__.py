@@ -1,0 +1,1 @@
+"""Generated gRPC stubs for the tito protocol (see protos/). Regenerate with scripts/gen_protos.sh."""
