@@ -134,20 +134,22 @@ class OpenSessionResponse(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., prompt_ids: _Optional[_Iterable[int]] = ..., tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., idle_ttl_s: _Optional[float] = ..., hard_ttl_s: _Optional[float] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("session_id", "seq", "completion_ids", "tool_calls", "max_suffix_tokens", "assistant_content")
+    __slots__ = ("session_id", "seq", "completion_ids", "tool_calls", "max_suffix_tokens", "assistant_content", "tokenizer_fingerprint")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_IDS_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     MAX_SUFFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ASSISTANT_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     seq: int
     completion_ids: _containers.RepeatedScalarFieldContainer[int]
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     max_suffix_tokens: int
     assistant_content: str
-    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., completion_ids: _Optional[_Iterable[int]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., max_suffix_tokens: _Optional[int] = ..., assistant_content: _Optional[str] = ...) -> None: ...
+    tokenizer_fingerprint: str
+    def __init__(self, session_id: _Optional[str] = ..., seq: _Optional[int] = ..., completion_ids: _Optional[_Iterable[int]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., max_suffix_tokens: _Optional[int] = ..., assistant_content: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ...) -> None: ...
 
 class StepTiming(_message.Message):
     __slots__ = ("parse_ms", "tools_ms", "render_ms", "total_ms")
