@@ -1,0 +1,105 @@
+"""Server configuration: defaults < YAML file < TITO_* environment variables < command-line flags.
+
+Nested fields use a double underscore in environment variables, e.g.
+TITO_SANDBOX__MEM_LIMIT=1g or TITO_POOL__SIZE=8.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from env_server.sandbox.config import PoolConfig, SandboxConfig
+
+_config_file: ContextVar[Path | None] = ContextVar("tito_config_file", default=None)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class ServerConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TITO_", env_nested_delimiter="__", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="Address to listen on. 0.0.0.0 inside a container.")
+    port: int = Field(50051, ge=0, le=65535, description="gRPC port (0: pick a free one).")
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=0, le=65535, description="Prometheus /metrics port (0: disabled).")
+    server_name: str = Field(
+        "default",
+        pattern=r"^[A-Za-z0-9_.-]{1,63}$",
+        description="Labels this server's containers. At start-up the server removes containers of the same "
+        "name left by a previous instance; replicas sharing one Docker daemon need distinct names.",
+    )
+    idle_ttl_s: float = Field(300.0, gt=0, description="A session untouched this long is closed.")
+    hard_ttl_s: float = Field(3600.0, gt=0, description="A session is closed this long after opening.")
+    reap_interval_s: float = Field(1.0, gt=0, description="How often expired sessions are looked for.")
+    max_sessions: int = Field(512, ge=1)
+    environments: list[str] = Field(
+        default_factory=list,
+        description="Extra environment classes as 'package.module:ClassName' (or a module path).",
+    )
+    load_entry_points: bool = Field(True, description="Also load environments from 'tito.environments' entry points.")
+    max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest gRPC request or response.")
+    tokenizer_cache_size: int = Field(16, ge=1, description="Registered tokenizers kept in memory.")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="In-flight calls get this long to finish on shutdown.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+
+    @model_validator(mode="after")
+    def _ttls(self) -> "ServerConfig":
+        if self.hard_ttl_s < self.idle_ttl_s:
+            raise ValueError(f"hard_ttl_s ({self.hard_ttl_s}) must be >= idle_ttl_s ({self.idle_ttl_s})")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlFileSource(settings_cls))
+
+
+class _YamlFileSource(PydanticBaseSettingsSource):
+    """Reads the file named by --config / TITO_CONFIG, if any."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:  # unused: __call__ does it all
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = _config_file.get()
+        if path is None:
+            return {}
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of settings, got {type(data).__name__}")
+        return data
+
+
+def load_config(config_file: str | Path | None = None, **overrides: Any) -> ServerConfig:
+    """Build the config; errors name the field and the source of the problem."""
+    import os
+
+    path = Path(config_file) if config_file else (Path(os.environ["TITO_CONFIG"]) if os.environ.get("TITO_CONFIG") else None)
+    if path is not None and not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    token = _config_file.set(path)
+    try:
+        return ServerConfig(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as e:
+        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors(include_url=False)]
+        where = f" (file {path}, TITO_* environment variables, or flags)" if path else " (TITO_* environment variables or flags)"
+        raise ConfigError("invalid server configuration" + where + ":\n" + "\n".join(lines)) from None
+    finally:
+        _config_file.reset(token)

@@ -1,0 +1,5 @@
+"""Tool environments: the plug-in API (base.py), the built-in `python` environment, and discovery."""
+
+from env_server.environments.base import Environment, NoEnvArgs, ToolError, ToolOutput, tool
+
+__all__ = ["Environment", "NoEnvArgs", "ToolError", "ToolOutput", "tool"]

@@ -1,0 +1,194 @@
+"""The environment plug-in API.
+
+An environment is a class with tools. A tool is an async method decorated with
+`@tool` that takes one pydantic model (its arguments) and returns a string or a
+`ToolOutput`. The model's JSON Schema is what ListEnvironments reports and what
+the arguments the model wrote are validated against.
+
+    class Calculator(Environment):
+        name = "calculator"
+        description = "Adds numbers."
+
+        class AddArgs(BaseModel):
+            a: int
+            b: int
+
+        @tool
+        async def add(self, args: AddArgs) -> str:
+            "Add two integers."
+            return str(args.a + args.b)
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+if TYPE_CHECKING:
+    from env_server.sandbox.docker_sandbox import Sandbox
+
+
+class NoEnvArgs(BaseModel):
+    """Default env_args schema: accepts nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ToolOutput(BaseModel):
+    """What one tool call produced, as the model will see it."""
+
+    content: str
+    # Output was cut while produced (the sandbox's per-stream cap).
+    truncated: bool = False
+    # The environment considers the episode over after this call.
+    done: bool = False
+    reward: float | None = None
+    # The session's sandbox died; the session cannot go on.
+    lost: bool = False
+    lost_reason: str | None = None
+
+
+class ToolError(Exception):
+    """Raise inside a tool to send the model an error message (the episode goes on)."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    args_model: type[BaseModel]
+    method_name: str
+
+    def parameters_schema(self) -> dict[str, Any]:
+        return self.args_model.model_json_schema()
+
+    def openai_spec(self) -> dict[str, Any]:
+        """The OpenAI-style function spec that chat templates render."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters_schema(),
+            },
+        }
+
+
+_TOOL_MARK = "__tito_tool__"
+
+
+def tool(fn: Callable | None = None, *, name: str | None = None, description: str | None = None):
+    """Mark an async method `async def f(self, args: SomeModel)` as a tool."""
+
+    def mark(f: Callable) -> Callable:
+        if not inspect.iscoroutinefunction(f):
+            raise TypeError(f"tool {f.__qualname__} must be an async method")
+        setattr(f, _TOOL_MARK, {"name": name or f.__name__, "description": description})
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+class Environment:
+    """Base class of tool environments. Subclasses set `name`, `description` and define tools."""
+
+    name: ClassVar[str]
+    description: ClassVar[str] = ""
+    # Schema of OpenSession.env_args.
+    EnvArgs: ClassVar[type[BaseModel]] = NoEnvArgs
+    # True: each session gets its own sandbox container from the warm pool.
+    needs_sandbox: ClassVar[bool] = False
+
+    _tool_specs: ClassVar[dict[str, ToolSpec]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        specs: dict[str, ToolSpec] = {}
+        for attr, member in inspect.getmembers(cls, inspect.iscoroutinefunction):
+            mark = getattr(member, _TOOL_MARK, None)
+            if mark is None:
+                continue
+            params = list(inspect.signature(member).parameters.values())
+            hints = get_type_hints(member, include_extras=False)
+            if len(params) != 2 or params[1].name not in hints:
+                raise TypeError(
+                    f"tool {cls.__name__}.{attr} must take exactly one annotated argument: "
+                    f"`async def {attr}(self, args: SomeModel)`"
+                )
+            model = hints[params[1].name]
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                raise TypeError(f"tool {cls.__name__}.{attr}: argument type must be a pydantic BaseModel")
+            doc = mark["description"] or inspect.getdoc(member) or ""
+            specs[mark["name"]] = ToolSpec(mark["name"], doc.strip(), model, attr)
+        cls._tool_specs = specs
+
+    def __init__(self, env_args: BaseModel, sandbox: Sandbox | None = None) -> None:
+        self.env_args = env_args
+        self.sandbox = sandbox
+
+    # -- lifecycle hooks -------------------------------------------------
+
+    async def setup(self) -> None:
+        """Called once after the session's sandbox is attached."""
+
+    async def close(self) -> None:
+        """Called once when the session ends. The server destroys the sandbox itself."""
+
+    def reward(self, final_text: str) -> float | None:
+        """Reward for the episode, given the final assistant text (no tool call). None: no reward."""
+        return None
+
+    # -- introspection ---------------------------------------------------
+
+    @classmethod
+    def tool_specs(cls) -> list[ToolSpec]:
+        return list(cls._tool_specs.values())
+
+    @classmethod
+    def parse_env_args(cls, env_args_json: str) -> BaseModel:
+        """Validate OpenSession.env_args; raises ValueError with a message meant for the client."""
+        text = env_args_json.strip() or "{}"
+        try:
+            return cls.EnvArgs.model_validate_json(text)
+        except ValidationError as e:
+            raise ValueError(f"env_args for environment {cls.name!r} are invalid: {_short_errors(e)}") from e
+
+    # -- dispatch --------------------------------------------------------
+
+    async def call_tool(self, name: str, arguments_json: str) -> ToolOutput:
+        """Validate and run one tool call. Every mistake the model can make becomes a ToolOutput."""
+        spec = self._tool_specs.get(name)
+        if spec is None:
+            known = ", ".join(sorted(self._tool_specs)) or "none"
+            return ToolOutput(content=f"Error: unknown tool {name!r}. Available tools: {known}.")
+        try:
+            raw = json.loads(arguments_json) if arguments_json.strip() else {}
+        except json.JSONDecodeError as e:
+            return ToolOutput(
+                content=f"Error: the arguments of {name!r} are not valid JSON ({e.msg} at position {e.pos}). "
+                "Send a JSON object matching the tool's schema."
+            )
+        if not isinstance(raw, dict):
+            return ToolOutput(content=f"Error: the arguments of {name!r} must be a JSON object, got {type(raw).__name__}.")
+        try:
+            args = spec.args_model.model_validate(raw)
+        except ValidationError as e:
+            return ToolOutput(content=f"Error: invalid arguments for {name!r}: {_short_errors(e)}")
+        method: Callable[[BaseModel], Awaitable[ToolOutput | str]] = getattr(self, spec.method_name)
+        try:
+            result = await method(args)
+        except ToolError as e:
+            return ToolOutput(content=f"Error: {e}")
+        return result if isinstance(result, ToolOutput) else ToolOutput(content=str(result))
+
+
+def _short_errors(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return "; ".join(parts)
