@@ -1,0 +1,92 @@
+"""Sandbox and pool settings. Hardened by default; every limit can be changed, none is off."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_IMAGE = "tito-sandbox-python:latest"
+BUILD_HINT = (
+    "build it with: docker build -t tito-sandbox-python:latest sandbox_images/python "
+    "(offline: add --build-arg BASE_IMAGE=<local image with python3>)"
+)
+
+
+def parse_bytes(value: str | int) -> int:
+    """'512m' -> 536870912 (docker's units: b, k, m, g; binary multiples)."""
+    if isinstance(value, int):
+        return value
+    s = value.strip().lower().removesuffix("b").removesuffix("i")
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(s[-1:], 1)
+    num = s[:-1] if s[-1:] in ("k", "m", "g") else s
+    return int(float(num) * mult)
+
+
+class SandboxConfig(BaseModel):
+    """How one sandbox container is created and how calls into it are run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str = DEFAULT_IMAGE
+    # None: the image's CMD (python3 -I /opt/tito/repl_server.py).
+    command: list[str] | None = None
+
+    # Isolation.
+    network_mode: str = "none"
+    read_only: bool = True
+    user: str = "1000:1000"
+    cap_drop: list[str] = Field(default_factory=lambda: ["ALL"])
+    security_opt: list[str] = Field(default_factory=lambda: ["no-new-privileges"])
+    init: bool = True  # docker-init as PID 1: reaps zombies, forwards signals to the REPL
+
+    # Resource limits.
+    pids_limit: int = Field(64, gt=0)
+    mem_limit: str = "512m"
+    # Equal to mem_limit: no swap on top of the memory limit.
+    memswap_limit: str | None = None
+    nano_cpus: int = Field(1_000_000_000, gt=0)  # 1 CPU
+    nofile_limit: int = Field(1024, gt=0)
+
+    # Filesystem: the only writable places are these tmpfs mounts.
+    workdir: str = "/workspace"
+    workdir_size: str = "64m"
+    tmp_size: str = "16m"
+    tmpfs_options: str = "rw,nosuid,nodev"
+
+    # Calls.
+    exec_timeout_s: float = Field(30.0, gt=0)
+    interrupt_grace_s: float = Field(1.0, gt=0)  # after the REPL's own timeout, before SIGINT
+    kill_grace_s: float = Field(2.0, gt=0)  # after SIGINT, before the container is killed
+    output_cap_bytes: int = Field(64 * 1024, gt=0)  # per stream, enforced while produced
+    value_cap_chars: int = Field(16 * 1024, gt=0)  # repr of the last expression / traceback
+    max_code_bytes: int = Field(1024 * 1024, gt=0)
+
+    labels: dict[str, str] = Field(default_factory=dict)  # extra labels on every container
+    environment: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("mem_limit", "workdir_size", "tmp_size")
+    @classmethod
+    def _valid_size(cls, v: str) -> str:
+        if parse_bytes(v) <= 0:
+            raise ValueError(f"size must be positive: {v!r}")
+        return v
+
+    @property
+    def mem_limit_bytes(self) -> int:
+        return parse_bytes(self.mem_limit)
+
+    @property
+    def effective_memswap_limit(self) -> str:
+        return self.memswap_limit or self.mem_limit
+
+
+class PoolConfig(BaseModel):
+    """Warm pool of started containers, each with a ready REPL."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target_size: int = Field(4, ge=0)
+    max_concurrent_creates: int = Field(2, gt=0)  # bounds the refill rate (bursts overwhelm dockerd)
+    create_timeout_s: float = Field(30.0, gt=0)  # create+start+ready; slower ones are removed
+    retry_backoff_s: float = Field(1.0, gt=0)  # after a failed create, doubling up to 30 s
+    probe_interval_s: float = Field(5.0, gt=0)  # while not ready: re-check daemon and image
+    docker_threads: int = Field(8, gt=0)  # threads for blocking Docker SDK calls

@@ -1,0 +1,32 @@
+"""The outcome of one call into a sandbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ExecResult:
+    stdout: str
+    stderr: str
+    value: str | None  # repr of the last expression, if any
+    error: str | None  # formatted traceback, if the code raised
+    stdout_truncated: bool
+    stderr_truncated: bool
+    timed_out: bool  # interrupted at the timeout; interpreter state kept (unless lost)
+    lost: bool  # the sandbox is dead (killed after timeout, OOM, exit, segfault)
+    lost_reason: str | None  # human-readable, e.g. "out of memory (limit 512 MiB)"
+    duration_ms: float
+    stdout_dropped: int = 0  # bytes beyond the cap, counted but not kept
+    stderr_dropped: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out and not self.lost
+
+    @classmethod
+    def failure(cls, *, error: str | None, duration_ms: float, lost: bool = False,
+                lost_reason: str | None = None, timed_out: bool = False) -> "ExecResult":
+        return cls(stdout="", stderr="", value=None, error=error, stdout_truncated=False,
+                   stderr_truncated=False, timed_out=timed_out, lost=lost, lost_reason=lost_reason,
+                   duration_ms=duration_ms)

@@ -1,0 +1,371 @@
+"""tito sandbox REPL server (stdlib only; runs as PID 2 under docker-init).
+
+Protocol: newline-delimited JSON over the process's original stdin/stdout, which the host
+reaches through the container's attach stream.
+
+    ready     REPL -> host   {"type": "ready", "pid": ..., "python": "3.12.1"}
+    request   host -> REPL   {"id": 1, "code": "x = 1", "timeout": 30.0, "cap": 65536, "value_cap": 65536}
+    ping      host -> REPL   {"id": 2, "op": "ping"}
+    reply     REPL -> host   {"type": "result", "id": 1, "stdout": ..., "stderr": ..., "value": ...,
+                              "error": ..., "stdout_truncated": ..., "stderr_truncated": ...,
+                              "stdout_dropped": ..., "stderr_dropped": ..., "timed_out": ...,
+                              "interrupted": ..., "duration_ms": ...}
+
+The protocol fds are private: fd 0 is /dev/null and fds 1/2 are pipes drained by reader threads
+into per-call capped buffers, so neither user code, C extensions nor subprocesses can corrupt the
+protocol, and output is capped while it is produced. When stdin reaches EOF (the host went away)
+the REPL exits, and with it the container.
+"""
+
+import ast
+import builtins
+import io
+import json
+import linecache
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+MAIN_PID = os.getpid()
+# Unguessable per-process marker that ends a call's output on each capture pipe.
+SENTINEL = b"\x00\x1e<tito-end-" + os.urandom(12).hex().encode() + b">\x1e\x00"
+SENTINEL_WAIT_S = 2.0
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+
+class TimeoutInterrupt(BaseException):
+    """Raised inside user code when the call's timeout fires (BaseException: `except Exception` can't eat it)."""
+
+
+class CappedBuffer:
+    """Keeps the first `cap` bytes of a stream and counts the rest."""
+
+    __slots__ = ("cap", "data", "dropped")
+
+    def __init__(self, cap):
+        self.cap = cap
+        self.data = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk):
+        room = self.cap - len(self.data)
+        if room >= len(chunk):
+            self.data += chunk
+        else:
+            if room > 0:
+                self.data += chunk[:room]
+            self.dropped += len(chunk) - max(room, 0)
+
+    def text(self):
+        return self.data.decode("utf-8", "replace")
+
+
+class PipeCapture:
+    """A pipe whose write end becomes fd 1 or 2; a thread drains it into the current call's buffer.
+
+    Output arriving between calls (background threads/processes) is discarded. The end of a
+    call's output is found by writing SENTINEL into the pipe: the pipe is FIFO, so everything
+    written before it has been consumed once the reader sees it.
+    """
+
+    def __init__(self, target_fd):
+        self.target_fd = target_fd
+        r, w = os.pipe()
+        self.read_fd = r
+        self.write_fd = w  # private copy, re-dup2'd onto target_fd before and after every call
+        self.cond = threading.Condition()
+        self.sink = None
+        self.seen = 0
+        self.carry = b""
+        self.thread = threading.Thread(target=self._run, name="capture-%d" % target_fd, daemon=True)
+        self.thread.start()
+
+    def _deliver(self, data):
+        if data and self.sink is not None:
+            self.sink.add(data)
+
+    def _run(self):
+        slen = len(SENTINEL)
+        while True:
+            try:
+                data = os.read(self.read_fd, 65536)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            with self.cond:
+                buf = self.carry + data if self.carry else data
+                while True:
+                    idx = buf.find(SENTINEL)
+                    if idx < 0:
+                        break
+                    self._deliver(buf[:idx])
+                    self.sink = None
+                    self.seen += 1
+                    self.cond.notify_all()
+                    buf = buf[idx + slen:]
+                # Hold back a tail that could be the start of a sentinel split across reads.
+                keep = 0
+                for k in range(min(slen - 1, len(buf)), 0, -1):
+                    if buf.endswith(SENTINEL[:k]):
+                        keep = k
+                        break
+                if keep:
+                    self._deliver(buf[:-keep])
+                    self.carry = bytes(buf[-keep:])
+                else:
+                    self._deliver(buf)
+                    self.carry = b""
+
+    def begin(self, cap):
+        with self.cond:
+            self.sink = CappedBuffer(cap)
+            return self.seen
+
+    def end(self, seen_before):
+        """Marks the end of the call's output and waits until the reader has consumed it."""
+        sink = self.sink
+        try:
+            data = SENTINEL
+            while data:
+                n = os.write(self.write_fd, data)
+                data = data[n:]
+        except OSError:
+            pass
+        deadline = time.monotonic() + SENTINEL_WAIT_S
+        with self.cond:
+            while self.seen <= seen_before:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    # Reader did not catch up (should not happen); stop feeding this call's buffer.
+                    self.sink = None
+                    break
+                self.cond.wait(left)
+        return sink
+
+
+class Repl:
+    def __init__(self):
+        # Private protocol fds (os.dup makes them non-inheritable, so subprocesses never get them).
+        self.proto_in = os.fdopen(os.dup(0), "rb", buffering=1 << 16)
+        self.proto_out = os.dup(1)
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+        self.devnull = os.open(os.devnull, os.O_RDONLY)
+        os.set_inheritable(self.devnull, False)
+        os.dup2(self.devnull, 0)
+        self.out = PipeCapture(1)
+        self.err = PipeCapture(2)
+        self._restore_fds()
+        self._install_streams()
+
+        self.busy = False
+        self.interrupted = False
+        self.exec_count = 0
+        self.globals = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
+        workdir = os.getcwd()
+        if workdir not in sys.path:
+            sys.path.insert(0, workdir)  # like `python -c`: files written in the workdir are importable
+
+        signal.signal(signal.SIGINT, self._on_sigint)
+        signal.signal(signal.SIGALRM, self._on_alarm)
+        # tini forwards SIGTERM to us; code that kills PID 1 should not take the session down.
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        signal.signal(signal.SIGHUP, lambda signum, frame: None)
+
+    # -- plumbing -------------------------------------------------------------------------------
+
+    def _after_fork_in_child(self):
+        # A forked child (os.fork, multiprocessing) must never speak the protocol.
+        for fd in (self.proto_out, self.proto_in.fileno()):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _restore_fds(self):
+        # User code may have closed or replaced fds 0-2; put ours back.
+        os.dup2(self.devnull, 0)
+        os.dup2(self.out.write_fd, 1)
+        os.dup2(self.err.write_fd, 2)
+
+    def _install_streams(self):
+        def stream(fd):
+            raw = io.FileIO(fd, "wb", closefd=False)
+            return io.TextIOWrapper(io.BufferedWriter(raw, 1 << 16), encoding="utf-8",
+                                    errors="backslashreplace", line_buffering=True)
+
+        self.stdout = stream(1)
+        self.stderr = stream(2)
+        self.stdin = io.TextIOWrapper(io.FileIO(0, "rb", closefd=False), encoding="utf-8")
+        sys.stdout, sys.stderr, sys.stdin = self.stdout, self.stderr, self.stdin
+        sys.__stdout__, sys.__stderr__, sys.__stdin__ = self.stdout, self.stderr, self.stdin
+
+    def _check_streams(self):
+        # exit()/quit() close sys.stdin; user code may replace or close the others.
+        for name in ("stdout", "stderr", "stdin"):
+            mine = getattr(self, name)
+            if getattr(sys, name) is not mine or mine.closed:
+                self._install_streams()
+                return
+
+    def _on_sigint(self, signum, frame):
+        # Interrupts that arrive while idle (late host SIGINT, stray kill from user code) are ignored.
+        if self.busy:
+            self.interrupted = True
+            raise KeyboardInterrupt
+
+    def _on_alarm(self, signum, frame):
+        if self.busy:
+            raise TimeoutInterrupt
+
+    def send(self, obj):
+        data = (json.dumps(obj, ensure_ascii=True) + "\n").encode("ascii")
+        try:
+            while data:
+                n = os.write(self.proto_out, data)
+                data = data[n:]
+        except OSError:
+            os._exit(70)  # the host is gone or the channel was broken: nothing left to serve
+
+    # -- one call ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _cap_text(text, cap):
+        if text is None:
+            return None, False
+        text = text.encode("utf-8", "replace").decode("utf-8")  # drop lone surrogates
+        if len(text) <= cap:
+            return text, False
+        return text[:cap] + "\n... [truncated %d characters]" % (len(text) - cap), True
+
+    def _compile(self, code):
+        self.exec_count += 1
+        filename = "<cell-%d>" % self.exec_count
+        # Register the source so tracebacks show the offending lines.
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+        tree = ast.parse(code, filename, "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        body = compile(tree, filename, "exec")
+        expr = compile(last, filename, "eval") if last is not None else None
+        return body, expr
+
+    def _format_error(self, exc):
+        tb = exc.__traceback__
+        # Hide the REPL's own frames: keep only frames from the user's cells and what they called.
+        while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell-"):
+            tb = tb.tb_next
+        if isinstance(exc, SyntaxError):
+            tb = None
+        return "".join(traceback.format_exception(type(exc), exc, tb))
+
+    def run(self, req):
+        code = req.get("code", "")
+        timeout = req.get("timeout")
+        cap = int(req.get("cap") or 65536)
+        value_cap = int(req.get("value_cap") or cap)
+        value = error = None
+        timed_out = False
+        self.interrupted = False
+        t0 = time.perf_counter()
+
+        self._restore_fds()
+        self._check_streams()
+        out_seen = self.out.begin(cap)
+        err_seen = self.err.begin(cap)
+        try:
+            try:
+                body, expr = self._compile(code)
+                self.busy = True
+                if timeout:
+                    signal.setitimer(signal.ITIMER_REAL, float(timeout))
+                exec(body, self.globals)
+                if expr is not None:
+                    result = eval(expr, self.globals)
+                    if result is not None:
+                        self.globals["_"] = result
+                        value = repr(result)
+            finally:
+                self.busy = False  # first: a late alarm/SIGINT is now ignored
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                if os.getpid() != MAIN_PID:
+                    os._exit(0)  # a child forked by user code returned into the REPL
+        except TimeoutInterrupt:
+            timed_out = True
+            error = "TimeoutError: execution exceeded the %.3g s timeout and was interrupted" % timeout
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt included
+            if os.getpid() != MAIN_PID:
+                os._exit(1)
+            try:
+                error = self._format_error(exc)
+            except BaseException:  # noqa: BLE001
+                error = "%s (traceback unavailable)" % type(exc).__name__
+        finally:
+            self.busy = False
+            try:
+                sys.stdout.flush()
+            except BaseException:  # noqa: BLE001
+                pass
+            try:
+                sys.stderr.flush()
+            except BaseException:  # noqa: BLE001
+                pass
+            self._restore_fds()
+            out = self.out.end(out_seen)
+            err = self.err.end(err_seen)
+
+        if value is not None:
+            value, _ = self._cap_text(value, value_cap)
+        if error is not None:
+            error, _ = self._cap_text(error, value_cap)
+        return {
+            "type": "result",
+            "id": req.get("id"),
+            "stdout": out.text() if out else "",
+            "stderr": err.text() if err else "",
+            "stdout_truncated": bool(out and out.dropped),
+            "stderr_truncated": bool(err and err.dropped),
+            "stdout_dropped": out.dropped if out else 0,
+            "stderr_dropped": err.dropped if err else 0,
+            "value": value,
+            "error": error,
+            "timed_out": timed_out,
+            "interrupted": self.interrupted,
+            "duration_ms": (time.perf_counter() - t0) * 1000.0,
+        }
+
+    # -- main loop --------------------------------------------------------------------------------
+
+    def serve(self):
+        self.send({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
+        while True:
+            try:
+                line = self.proto_in.readline(MAX_REQUEST_BYTES)
+            except KeyboardInterrupt:
+                continue
+            if not line:
+                os._exit(0)  # stdin EOF: the host closed the attach stream (or died)
+            if not line.strip():
+                continue
+            try:
+                req = json.loads(line)
+                if req.get("op") == "ping":
+                    reply = {"type": "pong", "id": req.get("id")}
+                else:
+                    reply = self.run(req)
+            except KeyboardInterrupt:
+                continue
+            except BaseException as exc:  # noqa: BLE001 - a bad request must not kill the REPL
+                reply = {"type": "error", "id": None, "error": "bad request: %r" % (exc,)}
+            self.send(reply)
+
+
+if __name__ == "__main__":
+    Repl().serve()
