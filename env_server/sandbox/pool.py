@@ -1,0 +1,258 @@
+"""Warm pool of started sandboxes: bounded-rate background refill, start-up sweep, clean close."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import logging
+import weakref
+from typing import Any, Callable, TypeVar
+
+import docker
+import docker.errors
+
+from .config import BUILD_HINT, PoolConfig, SandboxConfig
+from .docker_sandbox import (LABEL_INSTANCE, LABEL_MANAGED, LABEL_SERVER, Sandbox, SandboxError)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_MAX_BACKOFF_S = 30.0
+
+
+class SandboxUnavailable(SandboxError):
+    """No sandbox can be made: the daemon is unreachable, the image is missing, or the pool is closed."""
+
+
+class SandboxPool:
+    def __init__(self, sandbox: SandboxConfig, pool: PoolConfig, server_name: str, instance_id: str):
+        self.sandbox_config = sandbox
+        self.pool_config = pool
+        self.server_name = server_name
+        self.instance_id = instance_id
+        self._client: docker.DockerClient | None = None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._idle: collections.deque[Sandbox] = collections.deque()
+        self._made: weakref.WeakSet[Sandbox] = weakref.WeakSet()
+        self._creating = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._refill_task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._ready = False
+        self._closed = False
+        self._swept = False
+        self.not_ready_reason: str | None = "pool not started"
+        self.created_total = 0
+        self.failed_total = 0
+        self._backoff = 0.0  # seconds to wait before the next refill attempt after failures
+
+    # -- state ------------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Image present and daemon reachable (and the pool not closed)."""
+        return self._ready and not self._closed
+
+    @property
+    def depth(self) -> int:
+        """Ready containers waiting in the pool."""
+        return sum(1 for sb in self._idle if sb.alive)
+
+    @property
+    def live(self) -> int:
+        """Sandboxes made by this instance and not destroyed yet (pooled or handed out)."""
+        return sum(1 for sb in self._made if not sb._destroyed)  # noqa: SLF001
+
+    def _labels_filter(self, **extra: str) -> dict[str, list[str]]:
+        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_SERVER}={self.server_name}"]
+        labels += [f"{k}={v}" for k, v in extra.items()]
+        return {"label": labels}
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self._executor is None:
+            raise SandboxUnavailable("sandbox pool is not started")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Checks daemon and image, sweeps what a previous server left, then fills in the background."""
+        if self._executor is not None:
+            return
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            self.pool_config.docker_threads, thread_name_prefix="tito-docker")
+        await self._probe()
+        self._refill_task = asyncio.get_running_loop().create_task(self._refill_loop(),
+                                                                   name="sandbox-pool-refill")
+
+    async def _probe(self) -> bool:
+        """(Re)checks the daemon and the image; sweeps on the first success."""
+        image = self.sandbox_config.image
+
+        def check() -> None:
+            if self._client is None:
+                self._client = docker.from_env(max_pool_size=self.pool_config.docker_threads + 4,
+                                               timeout=60)
+            self._client.ping()
+            self._client.api.inspect_image(image)
+
+        was_ready = self._ready
+        try:
+            await self._run(check)
+        except docker.errors.ImageNotFound:
+            reason = f"sandbox image {image!r} not found; {BUILD_HINT}"
+        except (docker.errors.DockerException, OSError) as exc:
+            reason = (f"Docker daemon unreachable ({exc}); start dockerd or set DOCKER_HOST, "
+                      f"and make sure the image {image!r} exists ({BUILD_HINT})")
+        else:
+            self._ready = True
+            self.not_ready_reason = None
+            if not was_ready:
+                log.info("sandbox pool ready (image %s, server %s, instance %s)", image,
+                         self.server_name, self.instance_id)
+            if not self._swept:
+                self._swept = True
+                await self.sweep()
+            return True
+        self._ready = False
+        if reason != self.not_ready_reason:
+            log.error("sandbox pool not ready: %s", reason)
+        self.not_ready_reason = reason
+        return False
+
+    async def sweep(self) -> int:
+        """Force-removes containers of this server_name left by other (previous) instances."""
+        assert self._client is not None
+        client = self._client
+
+        def do_sweep() -> int:
+            removed = 0
+            for c in client.api.containers(all=True, filters=self._labels_filter()):
+                if (c.get("Labels") or {}).get(LABEL_INSTANCE) == self.instance_id:
+                    continue
+                try:
+                    client.api.remove_container(c["Id"], force=True)
+                    removed += 1
+                except docker.errors.NotFound:
+                    pass
+                except docker.errors.APIError as exc:
+                    log.warning("sweep: could not remove %s: %s", c["Id"][:12], exc)
+            return removed
+
+        try:
+            removed = await self._run(do_sweep)
+        except (docker.errors.DockerException, OSError) as exc:
+            log.warning("sweep of leftover sandboxes failed: %s", exc)
+            return 0
+        if removed:
+            log.info("swept %d leftover sandbox container(s) of server %r", removed, self.server_name)
+        return removed
+
+    async def close(self) -> None:
+        """Destroys everything this instance started (pooled, handed out, being created)."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [t for t in (self._refill_task, *self._tasks) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._idle.clear()
+        await asyncio.gather(*(sb.destroy() for sb in list(self._made)), return_exceptions=True)
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            # Lets cleanups of cancelled creates finish (they remove their own containers).
+            await asyncio.to_thread(executor.shutdown, wait=True)
+        client, self._client = self._client, None
+        if client is not None:
+            def final_sweep() -> None:
+                # Anything of ours still there (e.g. a create that raced the cancellation).
+                for c in client.api.containers(
+                        all=True, filters=self._labels_filter(**{LABEL_INSTANCE: self.instance_id})):
+                    try:
+                        client.api.remove_container(c["Id"], force=True)
+                    except docker.errors.NotFound:
+                        pass
+                client.close()
+
+            try:
+                await asyncio.to_thread(final_sweep)
+            except (docker.errors.DockerException, OSError) as exc:
+                log.warning("final sweep failed: %s", exc)
+
+    # -- sandboxes --------------------------------------------------------------------------------
+
+    async def _create(self) -> Sandbox:
+        assert self._client is not None and self._executor is not None
+        sb = await Sandbox.create(self._client, self.sandbox_config, server_name=self.server_name,
+                                  instance_id=self.instance_id, executor=self._executor,
+                                  timeout_s=self.pool_config.create_timeout_s)
+        self._made.add(sb)
+        self.created_total += 1
+        return sb
+
+    async def acquire(self) -> Sandbox:
+        """A ready sandbox, from the pool or created on demand. Raises SandboxUnavailable/SandboxError."""
+        if self._closed:
+            raise SandboxUnavailable("sandbox pool is closed")
+        if not self._ready:
+            if self._executor is None:
+                raise SandboxUnavailable("sandbox pool is not started")
+            if not await self._probe():
+                raise SandboxUnavailable(f"sandbox pool not ready: {self.not_ready_reason}")
+        try:
+            while self._idle:
+                sb = self._idle.popleft()
+                if sb.alive:
+                    return sb
+                # Died while waiting (should not happen): drop it.
+                self._spawn(sb.destroy())
+            try:
+                return await self._create()
+            except SandboxError:
+                self.failed_total += 1
+                raise
+        finally:
+            self._wake.set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fill_one(self) -> None:
+        try:
+            sb = await self._create()
+        except SandboxError as exc:
+            self.failed_total += 1
+            self._backoff = min(_MAX_BACKOFF_S, self._backoff * 2 or self.pool_config.retry_backoff_s)
+            log.warning("sandbox pool: create failed (%s); retrying in %.1f s", exc, self._backoff)
+            if "not found" in str(exc):
+                self._ready = False  # image removed: back to probing
+        else:
+            self._backoff = 0.0
+            if self._closed:
+                await sb.destroy()
+            else:
+                self._idle.append(sb)
+        finally:
+            self._creating -= 1
+            self._wake.set()
+
+    async def _refill_loop(self) -> None:
+        cfg = self.pool_config
+        while not self._closed:
+            if not self._ready:
+                if not await self._probe():
+                    await asyncio.sleep(cfg.probe_interval_s)
+                    continue
+            if self._backoff:
+                await asyncio.sleep(self._backoff)
+            missing = cfg.target_size - len(self._idle) - self._creating
+            while missing > 0 and self._creating < cfg.max_concurrent_creates:
+                self._creating += 1
+                missing -= 1
+                self._spawn(self._fill_one())
+            self._wake.clear()
+            await self._wake.wait()

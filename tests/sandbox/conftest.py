@@ -1,0 +1,107 @@
+"""Fixtures for the sandbox tests: real dockerd, real containers, no mocks.
+
+Every test session uses its own server_name, so concurrent test runs against the same daemon
+never sweep or count each other's containers.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from env_server.sandbox import PoolConfig, Sandbox, SandboxConfig, SandboxPool
+from env_server.sandbox.config import BUILD_HINT, DEFAULT_IMAGE
+
+docker = pytest.importorskip("docker")
+
+SERVER_NAME = f"test-{uuid.uuid4().hex[:8]}"
+
+
+def fast_config(**overrides: Any) -> SandboxConfig:
+    """Default hardening, shorter waits so the hostile tests stay quick."""
+    base: dict[str, Any] = dict(exec_timeout_s=10.0, interrupt_grace_s=0.5, kill_grace_s=1.0)
+    base.update(overrides)
+    return SandboxConfig(**base)
+
+
+def _docker_problem() -> str | None:
+    try:
+        client = docker.from_env(timeout=10)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001
+        return f"Docker daemon unreachable: {exc}"
+    try:
+        client.api.inspect_image(DEFAULT_IMAGE)
+    except docker.errors.ImageNotFound:
+        return f"sandbox image {DEFAULT_IMAGE} missing; {BUILD_HINT}"
+    finally:
+        client.close()
+    return None
+
+
+@pytest.fixture(scope="session")
+def docker_ok() -> None:
+    problem = _docker_problem()
+    if problem:
+        pytest.skip(problem)
+
+
+@pytest.fixture(scope="session")
+def server_name() -> str:
+    return SERVER_NAME
+
+
+@pytest.fixture(scope="session")
+def docker_client(docker_ok: None) -> Any:
+    client = docker.from_env(timeout=60, max_pool_size=16)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+async def pool(docker_ok: None) -> AsyncIterator[SandboxPool]:
+    p = SandboxPool(fast_config(), PoolConfig(target_size=2, max_concurrent_creates=2),
+                    server_name=SERVER_NAME, instance_id=f"main-{uuid.uuid4().hex[:8]}")
+    await p.start()
+    assert p.ready, p.not_ready_reason
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+async def sandbox(pool: SandboxPool) -> AsyncIterator[Sandbox]:
+    sb = await pool.acquire()
+    yield sb
+    await sb.destroy()
+
+
+@pytest.fixture(scope="session")
+def _executor() -> Any:
+    ex = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="test-docker")
+    yield ex
+    ex.shutdown(wait=True)
+
+
+@pytest.fixture
+async def make_sandbox(docker_client: Any, _executor: Any
+                       ) -> AsyncIterator[Callable[..., Awaitable[Sandbox]]]:
+    """Creates a sandbox with a custom config (outside any pool); destroyed after the test."""
+    made: list[Sandbox] = []
+
+    async def make(**overrides: Any) -> Sandbox:
+        sb = await Sandbox.create(docker_client, fast_config(**overrides), server_name=SERVER_NAME,
+                                  instance_id="adhoc", executor=_executor, timeout_s=30)
+        made.append(sb)
+        return sb
+
+    yield make
+    for sb in made:
+        await sb.destroy()
+
+
+def containers_with(client: Any, **labels: str) -> list[dict[str, Any]]:
+    filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
+    return client.api.containers(all=True, filters=filters)

@@ -1,0 +1,198 @@
+"""Hostile code: nothing a sandbox does may crash or hang the server, or reach anything else."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.docker
+
+
+async def test_fork_bomb_is_contained_by_the_pids_limit(sandbox):
+    t0 = time.monotonic()
+    r = await sandbox.execute(
+        "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+        "            while True:\n                time.sleep(1)\n        n += 1\n"
+        "except OSError as e:\n    print('fork failed after', n, type(e).__name__)\nn",
+        timeout_s=20)
+    assert time.monotonic() - t0 < 20
+    assert not r.lost, r
+    assert "fork failed after" in r.stdout
+    assert int(r.value) < sandbox.config.pids_limit
+    # The REPL still answers with every pid taken, and children never spoke the protocol.
+    r = await sandbox.execute("21 * 2")
+    assert r.value == "42" and r.ok, r
+
+
+async def test_spinning_fork_bomb_times_out_and_returns_in_time(sandbox):
+    t0 = time.monotonic()
+    r = await sandbox.execute("import os\nwhile True:\n    try:\n        os.fork()\n"
+                              "    except OSError:\n        pass", timeout_s=2)
+    assert time.monotonic() - t0 < 2 + sandbox.config.interrupt_grace_s + sandbox.config.kill_grace_s + 2
+    assert r.timed_out or r.lost, r
+    if not r.lost:
+        r = await sandbox.execute("'alive'", timeout_s=10)
+        assert r.value == "'alive'" or r.lost, r
+
+
+async def test_memory_blowup_is_reported_as_out_of_memory(make_sandbox):
+    sb = await make_sandbox(mem_limit="128m")
+    t0 = time.monotonic()
+    r = await sb.execute("blocks = []\nwhile True:\n    blocks.append(b'x' * (32 << 20))", timeout_s=30)
+    assert r.lost, r
+    assert r.lost_reason.startswith("out of memory"), r.lost_reason
+    assert "128 MiB" in r.lost_reason
+    assert time.monotonic() - t0 < 15
+    assert not sb.alive
+
+
+async def test_os_exit_is_reported_lost(sandbox):
+    r = await sandbox.execute("import os\nos._exit(3)")
+    assert r.lost and r.lost_reason == "REPL exited with code 3", r
+    assert not sandbox.alive
+
+
+async def test_self_sigkill_is_reported_lost(sandbox):
+    r = await sandbox.execute("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert r.lost and "SIGKILL" in r.lost_reason, r
+
+
+async def test_segfault_is_reported_lost(sandbox):
+    r = await sandbox.execute("import ctypes\nctypes.string_at(0)")
+    assert r.lost and "segmentation fault" in r.lost_reason, r
+
+
+async def test_killing_pid1_is_contained(sandbox):
+    r = await sandbox.execute("import os, signal\nos.kill(1, signal.SIGKILL)\n"
+                              "os.kill(1, signal.SIGTERM)\nos.kill(1, signal.SIGINT)\n'sent'")
+    # SIGKILL to a pid-namespace init from inside is ignored by the kernel; docker-init forwards
+    # SIGTERM/SIGINT to the REPL, which ignores SIGTERM and treats the SIGINT as an interrupt.
+    assert not r.lost, r
+    await asyncio.sleep(0.2)
+    r = await sandbox.execute("'alive'")
+    assert r.value == "'alive'" and sandbox.alive, r
+
+
+async def test_root_is_read_only_and_workdir_writable(sandbox):
+    r = await sandbox.execute(
+        "import os\nres = {}\nfor p in ['/etc/evil', '/usr/lib/evil', '/opt/tito/evil', '/evil']:\n"
+        "    try:\n        open(p, 'w').write('x')\n        res[p] = 'written'\n"
+        "    except OSError as e:\n        res[p] = e.strerror\n"
+        "open('/workspace/ok.txt', 'w').write('fine')\nopen('/tmp/ok.txt', 'w').write('fine')\n"
+        "res, bool(os.statvfs('/').f_flag & os.ST_RDONLY), os.getcwd(), os.environ['HOME']")
+    assert r.ok, r.error
+    res, ro, cwd, home = eval(r.value)  # noqa: S307 - our own repr of plain data
+    assert "written" not in res.values(), res
+    assert ro is True and cwd == "/workspace" and home == "/workspace"
+    r = await sandbox.execute("import os\nos.listdir('.')")
+    assert "ok.txt" in r.value
+
+
+async def test_workdir_size_is_limited(sandbox):
+    r = await sandbox.execute("open('big', 'wb').write(b'0' * (200 << 20))")
+    assert r.error and ("No space left" in r.error or "MemoryError" in r.error), r
+    assert not r.lost
+
+
+async def test_background_work_does_not_break_later_calls_or_other_sessions(pool):
+    a = await pool.acquire()
+    b = await pool.acquire()
+    try:
+        r = await a.execute(
+            "import subprocess, threading, time, sys\n"
+            "p = subprocess.Popen(['sleep', '1000'])\n"
+            "q = subprocess.Popen(['sh', '-c', 'while true; do echo bg-proc; sleep 0.01; done'])\n"
+            "def spam():\n    while True:\n        print('bg-thread')\n        time.sleep(0.005)\n"
+            "threading.Thread(target=spam, daemon=True).start()\n'started'")
+        assert r.value == "'started'", r
+        for i in range(20):
+            ra, rb = await asyncio.gather(a.execute(f"print('mine-{i}'); {i}"),
+                                          b.execute(f"print('other-{i}'); {i}"))
+            assert ra.ok and ra.value == str(i), ra
+            assert f"mine-{i}\n" in ra.stdout
+            assert rb.stdout == f"other-{i}\n", rb  # nothing of a's background output
+            await asyncio.sleep(0.01)
+        r = await a.execute("p.poll() is None, q.poll() is None")
+        assert r.value == "(True, True)"
+    finally:
+        await a.destroy()
+        await b.destroy()
+
+
+async def test_network_is_isolated(sandbox):
+    # Prove isolation on loopback only: a server the test itself runs on the host's 127.0.0.1.
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(0.2)
+    port = srv.getsockname()[1]
+    accepted: list[object] = []
+    stop = threading.Event()
+
+    def accept_loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+                accepted.append(conn)
+                conn.close()
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept_loop, daemon=True)
+    t.start()
+    try:
+        r = await sandbox.execute(
+            "import os, socket\n"
+            "ifaces = sorted(os.listdir('/sys/class/net'))\n"
+            "devs = sorted(l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:])\n"
+            "try:\n    resolv = open('/etc/resolv.conf').read()\nexcept OSError:\n    resolv = ''\n"
+            "try:\n    socket.getaddrinfo('example.com', 80)\n    dns = 'resolved'\n"
+            "except OSError as e:\n    dns = type(e).__name__\n"
+            f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
+            "    tcp = 'connected'\nexcept OSError as e:\n    tcp = type(e).__name__\n"
+            "ifaces, devs, resolv, dns, tcp", timeout_s=20)
+        assert r.ok, r.error
+        ifaces, devs, resolv, dns, tcp = eval(r.value)  # noqa: S307
+        assert ifaces == ["lo"] and devs == ["lo"]
+        assert dns != "resolved"
+        assert tcp != "connected"
+        nameservers = [line for line in resolv.splitlines() if line.startswith("nameserver")]
+        # Docker may copy the host's resolv.conf, but with no interface but lo nothing is reachable.
+        assert dns in ("gaierror", "OSError") or not nameservers, (dns, nameservers)
+        assert accepted == []
+    finally:
+        stop.set()
+        t.join(2)
+        srv.close()
+
+
+async def test_non_root_without_capabilities(sandbox):
+    r = await sandbox.execute(
+        "import os\nst = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines()"
+        " if ':\\t' in l)\n"
+        "try:\n    os.setuid(0)\n    su = 'root'\nexcept PermissionError:\n    su = 'denied'\n"
+        "os.getuid(), os.geteuid(), os.getgid(), st['CapEff'].strip(), st['CapPrm'].strip(), "
+        "st['CapBnd'].strip(), st['NoNewPrivs'].strip(), su, os.getpid() != 1")
+    uid, euid, gid, cap_eff, cap_prm, cap_bnd, nnp, su, not_init = eval(r.value)  # noqa: S307
+    assert uid == euid == 1000 and gid == 1000
+    assert int(cap_eff, 16) == 0 and int(cap_prm, 16) == 0 and int(cap_bnd, 16) == 0
+    assert nnp == "1" and su == "denied" and not_init
+
+
+async def test_sessions_never_see_each_other(pool):
+    a, b = await asyncio.gather(pool.acquire(), pool.acquire())
+    try:
+        assert a.session_id != b.session_id and a.container_id != b.container_id
+        await a.execute("secret = 'a-only'\nopen('secret.txt', 'w').write(secret)")
+        r = await b.execute("import os\n('secret' in globals(), os.path.exists('secret.txt'), "
+                            "sorted(p for p in os.listdir('/proc') if p.isdigit()))")
+        seen_var, seen_file, pids = eval(r.value)  # noqa: S307
+        assert not seen_var and not seen_file
+        assert len(pids) < 10  # only its own pid namespace: init, the REPL, and a few
+    finally:
+        await a.destroy()
+        await b.destroy()

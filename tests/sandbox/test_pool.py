@@ -1,0 +1,165 @@
+"""Warm pool, labels, hardening flags, sweep, close, concurrency, dead-man switch."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from env_server.sandbox import PoolConfig, SandboxPool, SandboxUnavailable
+from env_server.sandbox.docker_sandbox import LABEL_INSTANCE, LABEL_SERVER, LABEL_SESSION
+
+from .conftest import SERVER_NAME, containers_with, fast_config
+
+pytestmark = pytest.mark.docker
+
+
+async def _wait_depth(pool: SandboxPool, depth: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while pool.depth < depth:
+        assert time.monotonic() < deadline, f"pool depth {pool.depth} < {depth}"
+        await asyncio.sleep(0.05)
+
+
+async def test_warm_acquire_is_fast_and_labelled_and_hardened(pool, docker_client):
+    await _wait_depth(pool, pool.pool_config.target_size)
+    t0 = time.perf_counter()
+    sb = await pool.acquire()
+    acquire_ms = (time.perf_counter() - t0) * 1000
+    try:
+        assert acquire_ms < 20, acquire_ms
+        info = docker_client.api.inspect_container(sb.container_id)
+        labels = info["Config"]["Labels"]
+        assert labels["tito.managed"] == "1"
+        assert labels[LABEL_SERVER] == SERVER_NAME
+        assert labels[LABEL_INSTANCE] == pool.instance_id
+        assert labels[LABEL_SESSION] == sb.session_id
+        hc = info["HostConfig"]
+        assert hc["NetworkMode"] == "none" and hc["ReadonlyRootfs"] is True
+        assert hc["CapDrop"] == ["ALL"] and "no-new-privileges" in hc["SecurityOpt"]
+        assert hc["PidsLimit"] == 64 and hc["Init"] is True
+        assert hc["Memory"] == 512 << 20 and hc["MemorySwap"] == hc["Memory"]
+        assert hc["NanoCpus"] == 1_000_000_000
+        assert info["Config"]["User"] == "1000:1000"
+        assert info["Config"]["StdinOnce"] is True and info["Config"]["OpenStdin"] is True
+        assert "/workspace" in hc["Tmpfs"]
+        assert (await sb.execute("1 + 1")).value == "2"
+    finally:
+        await sb.destroy()
+        await sb.destroy()  # idempotent
+    assert containers_with(docker_client, **{LABEL_SESSION: sb.session_id}) == []
+
+
+async def test_pool_refills_in_the_background(pool):
+    await _wait_depth(pool, pool.pool_config.target_size)
+    taken = [await pool.acquire() for _ in range(pool.pool_config.target_size + 1)]  # +1 on demand
+    try:
+        await _wait_depth(pool, pool.pool_config.target_size)
+    finally:
+        await asyncio.gather(*(sb.destroy() for sb in taken))
+
+
+async def test_concurrent_executes_on_16_sandboxes_see_only_their_own(pool):
+    sbs = await asyncio.gather(*(pool.acquire() for _ in range(16)))
+    try:
+        assert len({sb.container_id for sb in sbs}) == 16
+
+        async def work(i: int, sb) -> None:
+            await sb.execute(f"mine = {i}")
+            for j in range(10):
+                r = await sb.execute(f"print('s{i}-{j}'); mine")
+                assert r.stdout == f"s{i}-{j}\n" and r.value == str(i), r
+
+        await asyncio.gather(*(work(i, sb) for i, sb in enumerate(sbs)))
+    finally:
+        await asyncio.gather(*(sb.destroy() for sb in sbs))
+
+
+async def test_startup_sweep_removes_a_previous_instance(docker_client):
+    name = f"{SERVER_NAME}-sweep"
+    old = SandboxPool(fast_config(), PoolConfig(target_size=2), server_name=name,
+                      instance_id="old")
+    await old.start()
+    await _wait_depth(old, 2)
+    handed_out = await old.acquire()
+    # Abandon `old` as a crashed server would: stop its refill, never close it.
+    old._refill_task.cancel()  # noqa: SLF001
+    await asyncio.sleep(0.1)
+    old_ids = {c["Id"] for c in containers_with(docker_client, **{LABEL_SERVER: name})}
+    assert handed_out.container_id in old_ids and len(old_ids) >= 2
+
+    new = SandboxPool(fast_config(), PoolConfig(target_size=1), server_name=name, instance_id="new")
+    try:
+        await new.start()
+        left = {c["Id"] for c in containers_with(docker_client, **{LABEL_SERVER: name})}
+        assert not (left & old_ids), "the sweep left containers of the previous instance"
+        r = await handed_out.execute("1")
+        assert r.lost  # its container is gone; reported, not raised
+        await _wait_depth(new, 1)
+    finally:
+        await new.close()
+        await old.close()
+    assert containers_with(docker_client, **{LABEL_SERVER: name}) == []
+
+
+async def test_close_removes_everything_of_the_instance(docker_client):
+    name = f"{SERVER_NAME}-close"
+    p = SandboxPool(fast_config(), PoolConfig(target_size=2), server_name=name,
+                    instance_id=uuid.uuid4().hex[:8])
+    await p.start()
+    held = await p.acquire()
+    await _wait_depth(p, 1)
+    assert len(containers_with(docker_client, **{LABEL_SERVER: name})) >= 2
+    await p.close()
+    assert containers_with(docker_client, **{LABEL_SERVER: name}) == []
+    assert not held.alive or (await held.execute("1")).lost
+    with pytest.raises(SandboxUnavailable):
+        await p.acquire()
+
+
+async def test_missing_image_is_not_ready_with_a_clear_message():
+    p = SandboxPool(fast_config(image="tito-sandbox-python:no-such-tag"), PoolConfig(target_size=1),
+                    server_name=f"{SERVER_NAME}-noimg", instance_id="x")
+    await p.start()
+    try:
+        assert not p.ready
+        assert "not found" in p.not_ready_reason and "docker build" in p.not_ready_reason
+        with pytest.raises(SandboxUnavailable, match="docker build"):
+            await p.acquire()
+    finally:
+        await p.close()
+
+
+def test_dead_server_leaves_no_running_sandbox(docker_client, docker_ok):
+    """Dead-man switch: SIGKILL the process holding the attach; the REPL sees EOF and exits."""
+    name = f"{SERVER_NAME}-deadman"
+    script = textwrap.dedent(f"""
+        import asyncio, concurrent.futures, os, signal, docker
+        from env_server.sandbox import Sandbox, SandboxConfig
+        async def main():
+            sb = await Sandbox.create(docker.from_env(), SandboxConfig(), server_name={name!r},
+                                      instance_id="doomed",
+                                      executor=concurrent.futures.ThreadPoolExecutor(2))
+            assert (await sb.execute("1")).value == "1"
+            print(sb.container_id, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        asyncio.run(main())
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, cwd=root)
+    assert proc.returncode == -9, proc.stderr
+    cid = proc.stdout.strip()
+    try:
+        deadline = time.monotonic() + 10
+        while docker_client.api.inspect_container(cid)["State"]["Running"]:
+            assert time.monotonic() < deadline, "sandbox still running after its server died"
+            time.sleep(0.1)
+    finally:
+        docker_client.api.remove_container(cid, force=True)
