@@ -32,6 +32,7 @@ LABEL_MANAGED = "tito.managed"
 LABEL_SERVER = "tito.server"
 LABEL_INSTANCE = "tito.instance"
 LABEL_SESSION = "tito.session"
+REPL_EXIT_CHANNEL_BROKEN = 70  # repl_server.py exits with this when it cannot write a reply
 
 
 class SandboxError(Exception):
@@ -66,6 +67,8 @@ def describe_exit(state: dict[str, Any], mem_limit: str) -> str:
         if name == "SIGKILL":
             return f"killed by SIGKILL (exit code {code})"
         return f"killed by {name} (exit code {code})"
+    if code == REPL_EXIT_CHANNEL_BROKEN:
+        return f"REPL exited with code {code} (its protocol channel was broken by the code)"
     return f"REPL exited with code {code}"
 
 
@@ -237,8 +240,8 @@ class Sandbox:
         timeout = float(timeout_s) if timeout_s and timeout_s > 0 else self.config.exec_timeout_s
         async with self._lock:
             if not self.alive:
-                return self._lost_result(ms(), reason=self.lost_reason or (
-                    "sandbox destroyed" if self._destroyed else self._channel.close_reason))
+                # Died while idle (or earlier): same diagnosis as a death during a call.
+                return self._lost_result(ms(), reason=await self._death_reason())
             request = {"code": code, "timeout": timeout, "cap": self.config.output_cap_bytes,
                        "value_cap": self.config.value_cap_chars}
             try:

@@ -59,6 +59,16 @@ class SandboxPool:
         return sum(1 for sb in self._idle if sb.alive)
 
     @property
+    def status_detail(self) -> str:
+        """One line for health checks and UNAVAILABLE errors."""
+        if self._closed:
+            return "sandbox pool closed"
+        if not self._ready:
+            return self.not_ready_reason or "sandbox pool not ready"
+        return (f"ready: {self.depth} warm of {self.pool_config.target_size}, "
+                f"{self._creating} starting, image {self.sandbox_config.image}")
+
+    @property
     def live(self) -> int:
         """Sandboxes made by this instance and not destroyed yet (pooled or handed out)."""
         return sum(1 for sb in self._made if not sb._destroyed)  # noqa: SLF001

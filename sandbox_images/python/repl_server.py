@@ -30,6 +30,7 @@ import time
 import traceback
 
 MAIN_PID = os.getpid()
+THIS_FILE = os.path.abspath(__file__)
 # Unguessable per-process marker that ends a call's output on each capture pipe.
 SENTINEL = b"\x00\x1e<tito-end-" + os.urandom(12).hex().encode() + b">\x1e\x00"
 SENTINEL_WAIT_S = 2.0
@@ -259,12 +260,21 @@ class Repl:
 
     def _format_error(self, exc):
         tb = exc.__traceback__
-        # Hide the REPL's own frames: keep only frames from the user's cells and what they called.
+        # Hide the REPL's own frames: start at the user's cell...
         while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell-"):
             tb = tb.tb_next
         if isinstance(exc, SyntaxError):
             tb = None
-        return "".join(traceback.format_exception(type(exc), exc, tb))
+        te = traceback.TracebackException(type(exc), exc, tb)
+        # ...and drop the signal handlers' frames that raised the interrupt inside it.
+        seen = set()
+        node = te
+        while node is not None and id(node) not in seen:
+            seen.add(id(node))
+            node.stack = traceback.StackSummary.from_list(
+                [f for f in node.stack if f.filename != THIS_FILE])
+            node = node.__cause__ or node.__context__
+        return "".join(te.format())
 
     def run(self, req):
         code = req.get("code", "")

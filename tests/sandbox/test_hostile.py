@@ -196,3 +196,22 @@ async def test_sessions_never_see_each_other(pool):
     finally:
         await a.destroy()
         await b.destroy()
+
+
+async def test_death_while_idle_is_diagnosed_on_the_next_call(sandbox):
+    r = await sandbox.execute("import os, threading\nthreading.Timer(0.2, os._exit, (5,)).start()")
+    assert r.ok, r
+    await asyncio.sleep(1.0)
+    assert not sandbox.alive
+    r = await sandbox.execute("1")
+    assert r.lost and r.lost_reason == "REPL exited with code 5", r
+
+
+async def test_closing_the_protocol_fds_loses_only_this_sandbox(pool, sandbox):
+    other = await pool.acquire()
+    try:
+        r = await sandbox.execute("import os\nos.closerange(3, 1024)")
+        assert r.lost and "code 70" in r.lost_reason, r
+        assert (await other.execute("'fine'")).value == "'fine'"
+    finally:
+        await other.destroy()

@@ -107,6 +107,22 @@ async def test_infinite_loop_times_out_and_keeps_state(sandbox):
     assert r.timed_out and not r.lost and time.monotonic() - t0 < 1.5
 
 
+async def test_swallowed_alarm_is_escalated_to_sigint_with_state_kept(sandbox):
+    # Code that swallows the REPL's own timeout exception is stopped by the host's SIGINT.
+    await sandbox.execute("kept = 'yes'")
+    t0 = time.monotonic()
+    r = await sandbox.execute(
+        "while True:\n    try:\n        while True:\n            pass\n"
+        "    except BaseException as e:\n        if type(e).__name__ == 'KeyboardInterrupt':\n"
+        "            raise\n", timeout_s=1.0)
+    elapsed = time.monotonic() - t0
+    assert r.timed_out and not r.lost, r
+    assert r.error.rstrip().splitlines()[-1].startswith("(interrupted") and "KeyboardInterrupt" in r.error
+    assert "repl_server" not in r.error
+    assert elapsed < 1.0 + sandbox.config.interrupt_grace_s + 1.0, elapsed
+    assert (await sandbox.execute("kept")).value == "'yes'"
+
+
 async def test_interrupt_ignoring_loop_is_killed_and_reported_lost(sandbox):
     cfg = sandbox.config
     t0 = time.monotonic()
