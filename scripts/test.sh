@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: scripts/setup.sh (idempotent; fast when done), then pytest over tests/.
+# Extra arguments go to pytest, e.g.  ./scripts/test.sh -k sandbox -x    or    ./scripts/test.sh -m "not docker"
+# Env: TITO_SKIP_SETUP=1 skips setup (the .venv must exist). Setup's own switches apply (see setup.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${TITO_SKIP_SETUP:-0}" = 1 ]; then
+    echo "[test] TITO_SKIP_SETUP=1: not running scripts/setup.sh"
+else
+    bash scripts/setup.sh
+fi
+[ -x .venv/bin/python ] || { echo "[test] ERROR: .venv/bin/python missing; run scripts/setup.sh" >&2; exit 1; }
+
+if docker compose version >/dev/null 2>&1; then
+    echo "[test] docker compose config -q"
+    docker compose config -q
+fi
+
+echo "[test] .venv/bin/python -m pytest -p no:cacheprovider $*"
+rc=0
+.venv/bin/python -m pytest -p no:cacheprovider "$@" || rc=$?
+case $rc in
+    0) echo "[test] all tests passed" ;;
+    5) echo "[test] ERROR: pytest collected no tests (exit 5); treating that as a failure" >&2; rc=1 ;;
+    *) echo "[test] pytest failed (exit $rc)" >&2 ;;
+esac
+exit "$rc"
