@@ -1,0 +1,67 @@
+"""`python -m env_server`: run the tito environment server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from env_server.config import ConfigError, load_config
+from env_server.logging_setup import setup_logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m env_server",
+        description="tito environment server: runs tool calls in hardened Docker sandboxes over gRPC.",
+        epilog="Every setting can also come from a YAML file (--config) or TITO_* environment variables "
+        "(nested: TITO_SANDBOX__MEM_LIMIT=1g). Flags win over variables, variables over the file.",
+    )
+    parser.add_argument("--config", help="YAML config file (also TITO_CONFIG)")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="gRPC port (default 50051)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus port (default 9464, 0 disables)")
+    parser.add_argument("--server-name", help="labels this server's containers (default 'default')")
+    parser.add_argument("--pool-size", type=int, help="warm sandboxes kept ready")
+    parser.add_argument("--environment", action="append", dest="environments", metavar="MODULE:CLASS",
+                        help="load an extra environment class (repeatable)")
+    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-format", choices=["text", "json"])
+    args = parser.parse_args(argv)
+
+    overrides = {
+        "host": args.host,
+        "port": args.port,
+        "metrics_port": args.metrics_port,
+        "server_name": args.server_name,
+        "environments": args.environments,
+        "log_level": args.log_level,
+        "log_format": args.log_format,
+    }
+    try:
+        config = load_config(args.config, **overrides)
+        if args.pool_size is not None:
+            config = config.model_copy(update={"pool": config.pool.model_copy(update={"target_size": args.pool_size})})
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level, config.log_format)
+
+    from env_server.environments.loader import EnvironmentLoadError
+    from env_server.server import EnvServer
+
+    try:
+        server = EnvServer(config)
+    except EnvironmentLoadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(server.serve_forever())
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Assembles and runs one environment server: the gRPC service, health, reflection and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import uuid
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from env_server.config import ServerConfig
+from env_server.environments.loader import load_environments
+from env_server.metrics import ServerMetrics
+from env_server.rendering import TokenizerRegistry
+from env_server.sandbox.pool import SandboxPool
+from env_server.service import EnvironmentService
+from env_server.sessions import Session, SessionRegistry
+from tito.v1 import environment_pb2 as pb
+from tito.v1 import environment_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Environment"].full_name
+
+
+@dataclass
+class EnvServer:
+    """One running server. `await start()`, then `await stop()` (or `serve_forever()`)."""
+
+    config: ServerConfig
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics()
+        self.environments = load_environments(self.config.environments, self.config.load_entry_points)
+        self.pool = SandboxPool(self.config.sandbox, self.config.pool, self.config.server_name, self.instance_id)
+        self.tokenizers = TokenizerRegistry(max_entries=self.config.tokenizer_cache_size)
+        self.sessions = SessionRegistry(self.config.max_sessions, on_closed=self._on_session_closed)
+        self.health = health.aio.HealthServicer()
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._metrics_http = None
+        self._watch: asyncio.Task | None = None
+        self._stopped = asyncio.Event()
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        opts = [
+            ("grpc.max_receive_message_length", self.config.max_message_bytes),
+            ("grpc.max_send_message_length", self.config.max_message_bytes),
+            # Keep-alive settings the trainer's client mirrors, so idle channels are not torn down mid-run.
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+        ]
+        server = grpc.aio.server(options=opts)
+        service = EnvironmentService(
+            self.config, self.environments, self.pool, self.tokenizers, self.sessions, self.metrics
+        )
+        pb_grpc.add_EnvironmentServicer_to_server(service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            server,
+        )
+        await self._set_health(False)
+        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if self.port == 0:
+            raise RuntimeError(f"cannot listen on {self.config.host}:{self.config.port} (in use?)")
+        await server.start()
+        self._server = server
+        if self.config.metrics_port:
+            self._metrics_http, _ = start_http_server(
+                self.config.metrics_port, addr=self.config.metrics_host, registry=self.metrics.registry
+            )
+        self.sessions.start_reaper(self.config.reap_interval_s)
+        await self.pool.start()
+        self._watch = asyncio.create_task(self._watch_readiness(), name="readiness")
+        log.info(
+            "tito env server %s (%s) listening on %s; environments: %s",
+            self.config.server_name,
+            self.instance_id,
+            self.address,
+            ", ".join(sorted(self.environments)),
+        )
+
+    async def _watch_readiness(self) -> None:
+        """Health is SERVING only while the sandbox pool can hand out sandboxes."""
+        serving: bool | None = None
+        while True:
+            ready = self.pool.ready
+            if ready != serving:
+                serving = ready
+                await self._set_health(ready)
+                log.info("health: %s", "SERVING" if ready else "NOT_SERVING")
+            self.metrics.pool_depth.set(self.pool.depth)
+            await asyncio.sleep(0.25)
+
+    async def _set_health(self, ok: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, status)
+
+    def _on_session_closed(self, session: Session, reason: str) -> None:
+        self.metrics.sessions_closed.labels(reason).inc()
+        self.metrics.sessions_active.set(len(self.sessions))
+
+    async def stop(self) -> None:
+        """Drain in-flight calls, close every session, remove every container of this instance."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        log.info("shutting down: draining calls (grace %.1fs)", self.config.shutdown_grace_s)
+        await self._set_health(False)
+        if self._watch:
+            self._watch.cancel()
+        if self._server:
+            await self._server.stop(self.config.shutdown_grace_s)
+        await self.sessions.stop_reaper()
+        await self.sessions.close_all("server shutdown")
+        await self.pool.close()
+        if self._metrics_http:
+            self._metrics_http.shutdown()
+        log.info("shut down cleanly")
+
+    async def serve_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        await stop.wait()
+        await self.stop()

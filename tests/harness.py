@@ -1,0 +1,134 @@
+"""Starts real env servers as subprocesses on loopback, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tito.v1 import environment_pb2_grpc as pb_grpc
+
+REPO = Path(__file__).resolve().parent.parent
+SANDBOX_IMAGE = "tito-sandbox-python:latest"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def docker_available() -> str | None:
+    """None when Docker and the sandbox image are usable, else why not."""
+    try:
+        client = docker.from_env(timeout=10)
+        client.ping()
+        client.images.get(SANDBOX_IMAGE)
+    except docker.errors.ImageNotFound:
+        return f"sandbox image {SANDBOX_IMAGE} missing: run scripts/setup.sh"
+    except Exception as e:
+        return f"Docker daemon unavailable: {e}"
+    return None
+
+
+def containers_of(server_name: str, instance: str | None = None) -> list:
+    labels = ["tito.managed=1", f"tito.server={server_name}"]
+    if instance:
+        labels.append(f"tito.instance={instance}")
+    return docker.from_env().containers.list(all=True, filters={"label": labels})
+
+
+@dataclass
+class ServerProcess:
+    port: int
+    server_name: str
+    proc: subprocess.Popen
+    metrics_port: int
+    log_path: Path
+    channel: grpc.Channel = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.channel = grpc.insecure_channel(self.address)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stub(self) -> pb_grpc.EnvironmentStub:
+        return pb_grpc.EnvironmentStub(self.channel)
+
+    def health(self) -> int:
+        stub = health_pb2_grpc.HealthStub(self.channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_serving(self, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"env server exited with {self.proc.returncode}:\n{self.log()[-4000:]}")
+            try:
+                if self.health() == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"env server not SERVING after {timeout_s}s:\n{self.log()[-4000:]}")
+
+    def terminate(self, timeout_s: float = 30) -> int:
+        self.channel.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+    def kill(self) -> None:
+        self.channel.close()
+        self.proc.kill()
+        self.proc.wait()
+
+
+def start_server(
+    tmp_dir: Path,
+    server_name: str | None = None,
+    env: dict[str, str] | None = None,
+    args: list[str] | None = None,
+    wait: bool = True,
+) -> ServerProcess:
+    port, metrics_port = free_port(), free_port()
+    server_name = server_name or f"test-{uuid.uuid4().hex[:8]}"
+    log_path = tmp_dir / f"server-{server_name}-{port}.log"
+    full_env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples" / "custom_env")]),
+        "TITO_POOL__TARGET_SIZE": "2",
+        **(env or {}),
+    }
+    cmd = [
+        sys.executable, "-m", "env_server",
+        "--port", str(port), "--metrics-port", str(metrics_port), "--server-name", server_name,
+        *(args or []),
+    ]
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=log_file, stderr=subprocess.STDOUT)
+    server = ServerProcess(port, server_name, proc, metrics_port, log_path)
+    if wait:
+        server.wait_serving()
+    return server

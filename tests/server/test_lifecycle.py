@@ -1,0 +1,173 @@
+"""Leases, crash recovery, plug-in loading, health, reflection and metrics of a real server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from tests.harness import REPO, containers_of, start_server
+from tito.v1 import environment_pb2 as pb
+
+pytestmark = pytest.mark.docker
+
+
+def wait_until(pred, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def test_health_and_reflection(server):
+    assert server.health() == health_pb2.HealthCheckResponse.SERVING
+    stub = reflection_pb2_grpc.ServerReflectionStub(server.channel)
+    replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    names = {s.name for r in replies for s in r.list_services_response.service}
+    assert "tito.v1.Environment" in names and "grpc.health.v1.Health" in names
+
+
+def test_list_environments_reports_json_schemas(stub):
+    envs = {e.name: e for e in stub.ListEnvironments(pb.ListEnvironmentsRequest()).environments}
+    assert {"python", "guess_number"} <= set(envs)
+    (run_python,) = envs["python"].tools
+    schema = json.loads(run_python.parameters_json_schema)
+    assert run_python.name == "run_python"
+    assert schema["properties"]["code"]["type"] == "string" and schema["required"] == ["code"]
+    assert "expected_answer" in json.loads(envs["python"].env_args_json_schema)["properties"]
+
+
+def test_custom_environment_loaded_through_config(stub):
+    sid = stub.OpenSession(
+        pb.OpenSessionRequest(environment="guess_number", env_args='{"secret": 37}')
+    ).session_id
+    answers = []
+    for seq, n in enumerate([50, 25, 37, 99], start=1):
+        call = pb.ToolCall(id=str(seq), name="guess", arguments=json.dumps({"number": n}))
+        r = stub.Step(pb.StepRequest(session_id=sid, seq=seq, tool_calls=[call]))
+        answers.append(r.tool_messages[0].content)
+        if r.done:
+            break
+    assert answers == ["lower", "higher", "correct"]
+    assert r.done and r.reward == pytest.approx(1 / 3)
+    assert stub.CloseSession(pb.CloseSessionRequest(session_id=sid)).closed
+
+
+def test_metrics_endpoint(server, stub):
+    sid = stub.OpenSession(pb.OpenSessionRequest(environment="python")).session_id
+    call = pb.ToolCall(id="1", name="run_python", arguments='{"code": "1"}')
+    stub.Step(pb.StepRequest(session_id=sid, seq=1, tool_calls=[call]))
+    stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    for name in ("tito_sessions_active", "tito_pool_depth", "tito_step_latency_seconds_bucket",
+                 "tito_errors_total", "tito_tool_calls_total"):
+        assert name in text, name
+
+
+def test_sessions_are_isolated_and_hostile_code_is_contained(stub):
+    """A busy-looping session and a memory hog do not disturb 8 others running concurrently."""
+    def open_():
+        return stub.OpenSession(pb.OpenSessionRequest(environment="python")).session_id
+
+    def step(sid, seq, code):
+        call = pb.ToolCall(id=str(seq), name="run_python", arguments=json.dumps({"code": code}))
+        return stub.Step(pb.StepRequest(session_id=sid, seq=seq, tool_calls=[call]), timeout=60)
+
+    hog, looper = open_(), open_()
+    workers = [open_() for _ in range(8)]
+    with ThreadPoolExecutor(12) as pool:
+        t0 = time.monotonic()
+        loop_f = pool.submit(step, looper, 1, "while True: pass")
+        hog_f = pool.submit(step, hog, 1, "x = bytearray(4 * 1024**3)")
+        outs = list(pool.map(lambda iw: [step(iw[1], s, f"v = {iw[0]} * 1000 + {s}; v").tool_messages[0].content
+                                         for s in range(1, 21)], enumerate(workers)))
+        for i, seq_outs in enumerate(outs):
+            assert seq_outs == [f"Out: {i * 1000 + s}" for s in range(1, 21)]
+        loop_r = loop_f.result()
+        assert "timed out" in loop_r.tool_messages[0].content
+        assert time.monotonic() - t0 < 5 + 10  # the 5 s timeout plus grace
+        hog_r = hog_f.result()
+        assert hog_r.status == pb.STEP_STATUS_SANDBOX_LOST or "MemoryError" in hog_r.tool_messages[0].content
+    # The looping session keeps its state after the interrupt.
+    assert step(looper, 2, "'alive'").tool_messages[0].content == "Out: 'alive'"
+    for sid in [hog, looper, *workers]:
+        stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+
+
+def test_idle_ttl_reclaims_abandoned_sessions(docker_ok, tmp_path):
+    srv = start_server(tmp_path, env={"TITO_IDLE_TTL_S": "2", "TITO_POOL__TARGET_SIZE": "1"})
+    try:
+        stub = srv.stub()
+        sid = stub.OpenSession(pb.OpenSessionRequest(environment="python")).session_id
+        assert any(c.labels.get("tito.session") == sid for c in containers_of(srv.server_name))
+        wait_until(lambda: not any(c.labels.get("tito.session") == sid for c in containers_of(srv.server_name)),
+                   10, "the idle session's container to go")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Step(pb.StepRequest(session_id=sid, seq=1))
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND and "idle TTL expired" in info.value.details()
+    finally:
+        srv.terminate()
+    assert containers_of(srv.server_name) == []
+
+
+def test_sigkilled_client_leaves_nothing_past_idle_ttl(docker_ok, tmp_path):
+    srv = start_server(tmp_path, env={"TITO_IDLE_TTL_S": "3", "TITO_POOL__TARGET_SIZE": "1"})
+    try:
+        client = textwrap.dedent(f"""
+            import grpc, sys, time
+            from tito.v1 import environment_pb2 as pb, environment_pb2_grpc as pb_grpc
+            stub = pb_grpc.EnvironmentStub(grpc.insecure_channel("{srv.address}"))
+            sid = stub.OpenSession(pb.OpenSessionRequest(environment="python")).session_id
+            call = pb.ToolCall(id="1", name="run_python", arguments='{{"code": "x = 1"}}')
+            stub.Step(pb.StepRequest(session_id=sid, seq=1, tool_calls=[call]))
+            print(sid, flush=True)
+            time.sleep(600)
+        """)
+        proc = subprocess.Popen([sys.executable, "-c", client], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        sid = proc.stdout.readline().strip()
+        assert any(c.labels.get("tito.session") == sid for c in containers_of(srv.server_name))
+        proc.kill()
+        proc.wait()
+        wait_until(lambda: not any(c.labels.get("tito.session") == sid for c in containers_of(srv.server_name)),
+                   3 + 5, "the dead client's container to go")
+    finally:
+        srv.terminate()
+
+
+def test_sigkilled_server_is_swept_on_restart(docker_ok, tmp_path):
+    first = start_server(tmp_path)
+    stub = first.stub()
+    for _ in range(2):
+        stub.OpenSession(pb.OpenSessionRequest(environment="python"))
+    old = containers_of(first.server_name)
+    assert len(old) >= 2
+    old_instances = {c.labels["tito.instance"] for c in old}
+    first.kill()  # SIGKILL: no cleanup runs
+    second = start_server(tmp_path, server_name=first.server_name)
+    try:
+        left = [c for c in containers_of(first.server_name) if c.labels["tito.instance"] in old_instances]
+        assert left == [], [c.name for c in left]
+    finally:
+        second.terminate()
+    assert containers_of(first.server_name) == []
+
+
+def test_graceful_shutdown_removes_everything(docker_ok, tmp_path):
+    srv = start_server(tmp_path)
+    stub = srv.stub()
+    stub.OpenSession(pb.OpenSessionRequest(environment="python"))
+    assert containers_of(srv.server_name)
+    assert srv.terminate() == 0
+    assert containers_of(srv.server_name) == []
+    assert "shut down cleanly" in srv.log()
