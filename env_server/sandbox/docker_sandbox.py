@@ -114,12 +114,15 @@ class Sandbox:
         """Arguments for the low-level `APIClient.create_container` (it alone takes stdin_once)."""
         tmpfs_opts = config.tmpfs_options
         uid, _, gid = config.user.partition(":")
-        owner = f",uid={uid},gid={gid or uid}" if uid.isdigit() and (gid or uid).isdigit() else ""
+        # Numeric user: the workdir belongs to it (0700). A user name can't be resolved here,
+        # so fall back to a sticky world-writable workdir.
+        numeric = uid.isdigit() and (gid or uid).isdigit()
+        owner = f",mode=0700,uid={uid},gid={gid or uid}" if numeric else ",mode=1777"
         host_config = client.api.create_host_config(
             network_mode=config.network_mode,
             read_only=config.read_only,
             tmpfs={
-                config.workdir: f"{tmpfs_opts},size={config.workdir_size},mode=0700{owner}",
+                config.workdir: f"{tmpfs_opts},size={config.workdir_size}{owner}",
                 "/tmp": f"{tmpfs_opts},size={config.tmp_size},mode=1777",
             },
             cap_drop=list(config.cap_drop),
