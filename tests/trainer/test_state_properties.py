@@ -1,0 +1,264 @@
+"""Property tests of the rollout state and loop: random generations, suffixes, budgets, failures.
+
+Fakes here are in-process stand-ins for the *policy* and (for these property tests only) the
+*environment*, implementing the same Python interfaces as the real backend and gRPC client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from trainer.backends.base import GenRequest, GenResult
+from trainer.env_client import EnvError, OpenedSession, StepOutcome
+from trainer.rollout import BatchStats, GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
+from trainer.state import Rollout, RolloutStateError, Status, TruncationCause
+
+STOP = 7
+
+
+@dataclass
+class TurnPlan:
+    gen_len: int
+    stop: bool
+    logprobs_ok: bool
+    suffix_len: int
+    done: bool
+    status: str  # OK | SUFFIX_OVERFLOW | SANDBOX_LOST
+    step_fails: bool
+
+
+@dataclass
+class AttemptPlan:
+    prompt_len: int
+    open_fails: bool
+    turns: list[TurnPlan]
+
+
+turn_plans = st.builds(
+    TurnPlan,
+    gen_len=st.integers(1, 40),
+    stop=st.booleans(),
+    logprobs_ok=st.sampled_from([True] * 5 + [False]),
+    suffix_len=st.integers(0, 60),
+    done=st.booleans(),
+    status=st.sampled_from(["OK", "OK", "OK", "SUFFIX_OVERFLOW", "SANDBOX_LOST"]),
+    step_fails=st.sampled_from([False] * 6 + [True]),
+)
+attempt_plans = st.builds(
+    AttemptPlan,
+    prompt_len=st.integers(1, 120),
+    open_fails=st.sampled_from([False] * 6 + [True]),
+    turns=st.lists(turn_plans, min_size=6, max_size=6),
+)
+
+
+@dataclass
+class World:
+    """Shared record of what the fake policy and env did, to check the rollouts against."""
+
+    plans: dict[str, list[AttemptPlan]]
+    attempts: dict[str, int] = field(default_factory=dict)
+    session_key: dict[str, tuple[str, int]] = field(default_factory=dict)
+    prompts: dict[str, list[int]] = field(default_factory=dict)
+    generated: dict[tuple[str, int], list[list[int]]] = field(default_factory=dict)
+    suffixes: dict[str, list[list[int]]] = field(default_factory=dict)
+    seqs: dict[str, list[int]] = field(default_factory=dict)
+    open_sessions: set[str] = field(default_factory=set)
+    step_after_length_cut: bool = False
+
+
+class FakeEnv:
+    def __init__(self, world: World) -> None:
+        self.w = world
+
+    async def open_session(self, environment, messages, env_args):
+        await asyncio.sleep(0)
+        key = messages[0]["content"]
+        attempt = self.w.attempts.get(key, 0)
+        self.w.attempts[key] = attempt + 1
+        plan = self.w.plans[key][attempt]
+        if plan.open_fails:
+            raise EnvError("OpenSession", "UNAVAILABLE: fake outage")
+        sid = f"{key}#{attempt}"
+        prompt = [100000 + attempt * 1000 + i for i in range(plan.prompt_len)]
+        self.w.session_key[sid] = (key, attempt)
+        self.w.prompts[sid] = prompt
+        self.w.suffixes[sid] = []
+        self.w.seqs[sid] = []
+        self.w.open_sessions.add(sid)
+        return OpenedSession(sid, prompt)
+
+    async def step(self, session_id, seq, completion_ids, max_suffix_tokens):
+        await asyncio.sleep(0)
+        assert max_suffix_tokens >= 1
+        key, attempt = self.w.session_key[session_id]
+        if completion_ids[-1] != STOP:
+            self.w.step_after_length_cut = True
+        self.w.seqs[session_id].append(seq)
+        tp = self.w.plans[key][attempt].turns[seq - 1]
+        if tp.step_fails:
+            raise EnvError("Step", "NOT_FOUND: unknown session (server restarted)")
+        suffix = [200000 + seq * 100 + i for i in range(tp.suffix_len)]
+        status = tp.status
+        if status == "SUFFIX_OVERFLOW":
+            suffix = []
+        done = tp.done or status == "SANDBOX_LOST"
+        if done:
+            suffix = []
+        self.w.suffixes[session_id].append(suffix)
+        return StepOutcome(suffix_ids=suffix, done=done, reward=1.0 if done else None,
+                           truncated=False, status="EPISODE_END" if tp.done and status == "OK"
+                           else status, num_tool_calls=0 if done else 1)
+
+    async def close_session(self, session_id):
+        self.w.open_sessions.discard(session_id)
+
+
+class FakePolicy:
+    def __init__(self, world: World) -> None:
+        self.w = world
+
+    def sync_weights(self, model):
+        pass
+
+    async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        await asyncio.sleep(0)
+        out = []
+        for r in requests:
+            key, attempt = r.key.split("#")
+            plan = self.w.plans[key][int(attempt)].turns[r.turn]
+            n = min(plan.gen_len, r.max_new)
+            stops = plan.stop and plan.gen_len <= r.max_new
+            ids = [1000 + r.turn * 100 + j for j in range(n - 1)] + [STOP if stops else 999]
+            lps = [-0.5 - j / 100 for j in range(n)] if plan.logprobs_ok else [-0.5] * (n - 1)
+            self.w.generated.setdefault((key, int(attempt)), []).append(ids)
+            out.append(GenResult(ids=ids, logprobs=lps, finish_reason="stop" if stops else "length"))
+        return out
+
+
+def check_rollout(r: Rollout, w: World, lim: RolloutLimits) -> None:
+    r.check()
+    assert len(r.ids) == len(r.mask) == len(r.logprobs) <= lim.budget
+    assert all(math.isfinite(lp) for lp, m in zip(r.logprobs, r.mask) if m == 1)
+    assert all(math.isnan(lp) for lp, m in zip(r.logprobs, r.mask) if m == 0)
+    sid = r.session_id
+    key, attempt = w.session_key[sid]
+    assert attempt == r.attempt  # a retry is a fresh Rollout with its own session
+    gens = w.generated.get((key, attempt), [])
+    expected, mask = list(w.prompts[sid]), [0] * len(w.prompts[sid])
+    assert len(r.turns) == len(gens)
+    for t, rec in enumerate(r.turns):
+        expected += gens[t]
+        mask += [1] * len(gens[t])
+        if rec.suffix_len:
+            assert rec.suffix_len == len(w.suffixes[sid][t])  # verbatim or not at all
+            expected += w.suffixes[sid][t]
+            mask += [0] * rec.suffix_len
+    assert r.ids == expected
+    assert r.mask == mask
+    # Steps: seq 1, 2, 3... one per turn that ended on a stop token, none after a length cut.
+    assert w.seqs[sid] == list(range(1, len(w.seqs[sid]) + 1))
+    stopped_turns = [t for t in r.turns if t.finish_reason == "stop"]
+    assert len(w.seqs[sid]) == len(stopped_turns)
+    last = r.turns[-1] if r.turns else None
+    if r.status is Status.TRUNCATED:
+        if r.truncation is TruncationCause.LENGTH:
+            # cut mid-generation, or no room left to start a turn
+            assert (last is not None and last.finish_reason == "length") or r.remaining < 1
+        elif r.truncation is TruncationCause.MAX_TURNS:
+            assert len(r.turns) == lim.max_turns
+        elif r.truncation is TruncationCause.TOOL_OVERFLOW:
+            assert last.suffix_len == 0
+    if r.status is Status.COMPLETED:
+        assert last.finish_reason == "stop" and r.env_reward == 1.0
+    if last is not None and last.finish_reason == "length":
+        assert r.status is Status.TRUNCATED and r.truncation is TruncationCause.LENGTH
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    budget=st.integers(2, 250),
+    cap=st.integers(1, 50),
+    reserve=st.integers(0, 12),
+    max_turns=st.integers(1, 5),
+    retries=st.integers(0, 2),
+    plans=st.lists(st.lists(attempt_plans, min_size=3, max_size=3), min_size=1, max_size=4),
+)
+def test_rollout_loop_keeps_sequences_aligned(budget, cap, reserve, max_turns, retries, plans):
+    lim = RolloutLimits(budget=budget, per_turn_cap=cap, reserve=reserve, max_turns=max_turns,
+                        retries=retries)
+    world = World(plans={f"r{i}": p for i, p in enumerate(plans)})
+
+    async def go():
+        sched = GenerationScheduler(FakePolicy(world), max_wait_s=0.001)
+        runner = RolloutRunner(lim, sched, FakeEnv(world), "python", [STOP])
+        specs = [RolloutSpec(group=0, messages=[{"role": "user", "content": k}]) for k in world.plans]
+        try:
+            return await runner.run_batch(specs)
+        finally:
+            await sched.close()
+
+    rollouts, stats = asyncio.run(go())
+    assert isinstance(stats, BatchStats)
+    assert len(rollouts) + stats.dropped == len(plans)
+    assert stats.attempts == len(rollouts) + stats.aborted_attempts
+    assert stats.aborted_attempts <= len(plans) * (retries + 1)
+    for r in rollouts:
+        assert r.status in (Status.COMPLETED, Status.TRUNCATED)
+        check_rollout(r, world, lim)
+        event(f"{r.status.value}:{r.truncation.value if r.truncation else ''}")
+    event(f"dropped>0: {stats.dropped > 0}")
+    assert not world.open_sessions, "every session is closed, aborted ones too"
+    assert not world.step_after_length_cut
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    budget=st.integers(1, 100),
+    ops=st.lists(st.tuples(st.sampled_from(["gen", "env", "bad_gen", "done"]),
+                           st.integers(0, 40), st.booleans()), max_size=12),
+    prompt_len=st.integers(1, 60),
+)
+def test_state_methods_never_misalign(budget, ops, prompt_len):
+    """Direct mutations: every accepted change keeps lengths equal; refused ones change nothing."""
+    r = Rollout(budget=budget)
+    try:
+        r.start(list(range(prompt_len)))
+    except RolloutStateError:
+        assert prompt_len > budget and r.ids == []
+        return
+    for op, n, flag in ops:
+        before = (list(r.ids), list(r.mask), list(r.logprobs), r.status)
+        try:
+            if op == "gen":
+                r.append_generated(list(range(n)), [-1.0] * n, "stop" if flag else "length", max(n, 1))
+            elif op == "bad_gen":
+                lps = [float("nan")] * n if flag else [-1.0] * (n + 1)
+                r.append_generated(list(range(n)), lps, "stop", n + 1)
+            elif op == "env":
+                r.append_env(list(range(n)))
+            else:
+                r.complete() if flag else r.truncate(TruncationCause.TOOL_OVERFLOW)
+        except RolloutStateError:
+            assert (r.ids, r.mask, r.logprobs, r.status) == before
+        r.check()
+        assert len(r.ids) <= budget
+
+
+def test_retry_starts_clean():
+    r = Rollout(budget=10)
+    r.start([1, 2])
+    with pytest.raises(RolloutStateError):
+        r.start([3])
+    r.append_generated([5], [-1.0], "stop", 4)
+    r.abort("sandbox lost")
+    with pytest.raises(RolloutStateError):
+        r.append_env([1])
+    assert not r.abort("again")  # stays with the first reason
+    assert r.abort_reason == "sandbox lost"

@@ -1,0 +1,1 @@
+"""tito GRPO trainer: rollouts against the env server, ids appended verbatim, never re-tokenized."""

@@ -1,0 +1,49 @@
+"""`python -m trainer --config examples/demo.yaml [--output-dir DIR] [--env-address HOST:PORT]`"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+
+from trainer.config import ConfigError, load_config
+from trainer.env_client import EnvError
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer", description="GRPO trainer for tito.")
+    p.add_argument("--config", help="YAML config file (see examples/demo.yaml)")
+    p.add_argument("--output-dir", help="metrics.jsonl, metrics.png, checkpoint/ go here")
+    p.add_argument("--env-address", help="env server HOST:PORT")
+    p.add_argument("--steps", type=int, help="optimizer steps")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set budget.context=512 (repeatable)")
+    p.add_argument("--log-level", default="WARNING")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(a.config, a.set, {"output_dir": a.output_dir, "env.address": a.env_address,
+                                            "steps": a.steps})
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    from trainer.train import run_training
+
+    t0 = time.perf_counter()
+    try:
+        history = asyncio.run(run_training(cfg))
+    except EnvError as e:
+        print(f"env server error: {e}", file=sys.stderr)
+        return 1
+    last = history[-1] if history else {}
+    keys = ("step", "reward_mean", "reward_std", "truncated_frac", "aborted_frac", "tool_calls_mean")
+    print(json.dumps({k: last.get(k) for k in keys}))
+    print(f"done in {time.perf_counter() - t0:.1f}s; outputs in {cfg.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""transformers backend: batched sampling with a KV cache, on CPU or CUDA.
+
+Our own sampling loop (not `model.generate`) so that the logprob of each sampled token is
+exactly the one under the distribution it was drawn from (logits / temperature), and so that
+stopping is on token ids only. Requests of different lengths are left-padded into one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import torch
+from transformers import DynamicCache
+
+from trainer.backends.base import GenRequest, GenResult
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperatures: torch.Tensor, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; return (tokens, logprob of each under its sampling distribution).
+
+    temperature <= 0 means greedy; its logprob is then taken under the untempered distribution.
+    """
+    logits = logits.float()
+    greedy = temperatures <= 0
+    t = torch.where(greedy, torch.ones_like(temperatures), temperatures)
+    logp = torch.log_softmax(logits / t[:, None], dim=-1)
+    sampled = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    tokens = torch.where(greedy, logits.argmax(-1), sampled)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class TransformersBackend:
+    def __init__(
+        self,
+        model,
+        *,
+        max_batch_size: int = 64,
+        seed: int = 0,
+        pad_token_id: int = 0,
+    ) -> None:
+        self.model = model
+        self.max_batch_size = max_batch_size
+        self.pad_token_id = pad_token_id
+        self.device = next(model.parameters()).device
+        # CPU generator even for CUDA models would force syncs; keep it on the model's device.
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        # One generation at a time on the shared model (the rollout scheduler batches requests).
+        self._lock = threading.Lock()
+        self.tokens_generated = 0
+
+    def sync_weights(self, model) -> None:
+        # The backend samples from the training model object itself: nothing to copy.
+        if model is not self.model:
+            self.model.load_state_dict(model.state_dict())
+
+    async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        # Off the event loop, so env calls of other rollouts proceed while we sample.
+        return await asyncio.to_thread(self.generate_sync, requests)
+
+    def generate_sync(self, requests: list[GenRequest]) -> list[GenResult]:
+        out: list[GenResult] = []
+        with self._lock:
+            for i in range(0, len(requests), self.max_batch_size):
+                out.extend(self._generate_batch(requests[i : i + self.max_batch_size]))
+        return out
+
+    @torch.no_grad()
+    def _generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:
+        for r in requests:
+            if r.max_new < 1:
+                raise ValueError(f"max_new must be >= 1, got {r.max_new}")
+            if not r.prompt_ids:
+                raise ValueError("empty prompt")
+        dev = self.device
+        model = self.model
+        was_training = model.training
+        model.eval()
+        try:
+            b = len(requests)
+            width = max(len(r.prompt_ids) for r in requests)
+            ids = torch.full((b, width), self.pad_token_id, dtype=torch.long, device=dev)
+            attn = torch.zeros((b, width), dtype=torch.long, device=dev)
+            for row, r in enumerate(requests):
+                n = len(r.prompt_ids)
+                ids[row, width - n :] = torch.tensor(r.prompt_ids, dtype=torch.long, device=dev)
+                attn[row, width - n :] = 1
+            pos = (attn.cumsum(-1) - 1).clamp(min=0)
+            temps = torch.tensor([r.temperature for r in requests], dtype=torch.float, device=dev)
+            max_stop = max(1, max(len(r.stop_token_ids) for r in requests))
+            stops = torch.full((b, max_stop), -1, dtype=torch.long, device=dev)
+            for row, r in enumerate(requests):
+                if r.stop_token_ids:
+                    stops[row, : len(r.stop_token_ids)] = torch.tensor(r.stop_token_ids, device=dev)
+            max_new = torch.tensor([r.max_new for r in requests], device=dev)
+
+            cache = DynamicCache(config=model.config)
+            logits = model(
+                input_ids=ids, attention_mask=attn, position_ids=pos,
+                past_key_values=cache, use_cache=True, logits_to_keep=1,
+            ).logits[:, -1]
+            gen_tokens: list[torch.Tensor] = []
+            gen_logps: list[torch.Tensor] = []
+            active = torch.ones(b, dtype=torch.bool, device=dev)
+            lengths = torch.zeros(b, dtype=torch.long, device=dev)
+            stopped = torch.zeros(b, dtype=torch.bool, device=dev)
+            last_pos = pos[:, -1:]
+            for _ in range(int(max_new.max())):
+                tok, lp = sample_tokens(logits, temps, self.generator)
+                tok = torch.where(active, tok, torch.full_like(tok, self.pad_token_id))
+                gen_tokens.append(tok)
+                gen_logps.append(lp)
+                lengths += active.long()
+                hit_stop = (tok[:, None] == stops).any(-1) & active
+                stopped |= hit_stop
+                active &= ~hit_stop & (lengths < max_new)
+                if not bool(active.any()):
+                    break
+                attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=dev)], dim=1)
+                last_pos = last_pos + 1
+                logits = model(
+                    input_ids=tok[:, None], attention_mask=attn, position_ids=last_pos,
+                    past_key_values=cache, use_cache=True,
+                ).logits[:, -1]
+            toks = torch.stack(gen_tokens, 1).cpu().tolist()
+            lps = torch.stack(gen_logps, 1).cpu().tolist()
+            lengths_l = lengths.cpu().tolist()
+            stopped_l = stopped.cpu().tolist()
+        finally:
+            model.train(was_training)
+        results = []
+        for row in range(b):
+            n = lengths_l[row]
+            self.tokens_generated += n
+            results.append(
+                GenResult(
+                    ids=toks[row][:n],
+                    logprobs=lps[row][:n],
+                    finish_reason="stop" if stopped_l[row] else "length",
+                )
+            )
+        return results

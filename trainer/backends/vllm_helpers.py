@@ -1,0 +1,120 @@
+"""Plain functions behind the vLLM backend, unit-tested without vLLM installed.
+
+Request building, stop handling, output/logprob extraction and weight-name mapping live here so
+that `vllm_backend.py` is a thin shell around `LLM.generate` and the weight loader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from trainer.backends.base import GenRequest, GenResult
+
+
+def sampling_params_kwargs(req: GenRequest, seed: int | None = None) -> dict[str, Any]:
+    """Keyword arguments for `vllm.SamplingParams` for one request."""
+    if req.max_new < 1:
+        raise ValueError(f"max_new must be >= 1, got {req.max_new}")
+    if not req.stop_token_ids:
+        raise ValueError("stop_token_ids must not be empty (generation stops on token ids only)")
+    kw: dict[str, Any] = {
+        "n": 1,
+        "max_tokens": req.max_new,
+        # Stop on token ids only: no stop strings, and the model's own EOS from
+        # generation_config must not end a turn unless it is in our list.
+        "stop_token_ids": list(req.stop_token_ids),
+        "ignore_eos": True,
+        # 0 = only the sampled token's logprob (which vLLM always includes).
+        "logprobs": 0,
+        "temperature": req.temperature,
+        "detokenize": False,  # we never need the text
+        "skip_special_tokens": False,
+    }
+    s = req.seed if req.seed is not None else seed
+    if s is not None:
+        kw["seed"] = s
+    return kw
+
+
+def token_prompt(req: GenRequest) -> dict[str, list[int]]:
+    """A `vllm.inputs.TokensPrompt` (a TypedDict, so a plain dict is one)."""
+    if not req.prompt_ids:
+        raise ValueError("empty prompt")
+    return {"prompt_token_ids": list(req.prompt_ids)}
+
+
+def _logprob_value(entry: Any) -> float:
+    # vLLM's Logprob object has .logprob; accept plain floats too.
+    return float(getattr(entry, "logprob", entry))
+
+
+def extract_logprobs(token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None
+                     ) -> list[float] | None:
+    """The sampled token's logprob at each position, or None if any is missing."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        return None
+    out = []
+    for tok, entry in zip(token_ids, logprobs):
+        if entry is None or tok not in entry:
+            return None
+        out.append(_logprob_value(entry[tok]))
+    return out
+
+
+def extract_result(completion: Any, req: GenRequest) -> GenResult:
+    """GenResult from a vLLM CompletionOutput (`RequestOutput.outputs[0]`).
+
+    Raises ValueError for outputs we must not train on (aborted requests, a "stop" that did not
+    end on one of our stop ids, more tokens than asked for).
+    """
+    ids = list(completion.token_ids)
+    stops = set(req.stop_token_ids)
+    reason = completion.finish_reason
+    if len(ids) > req.max_new:
+        raise ValueError(f"vLLM returned {len(ids)} tokens for max_tokens={req.max_new}")
+    if reason == "stop":
+        if not ids or ids[-1] not in stops:
+            raise ValueError(f"vLLM finished with 'stop' (stop_reason={completion.stop_reason!r}) "
+                             "but the last token is not one of the stop ids")
+        finish = "stop"
+    elif reason == "length":
+        # A stop id sampled exactly at the cap is still a stop.
+        finish = "stop" if ids and ids[-1] in stops else "length"
+    else:
+        raise ValueError(f"vLLM request finished with {reason!r}")
+    return GenResult(ids=ids, logprobs=extract_logprobs(ids, completion.logprobs),
+                     finish_reason=finish)
+
+
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def vllm_weight_name(name: str) -> str:
+    """HF parameter name of the training model -> the name vLLM's `load_weights` expects.
+
+    vLLM's model classes take HF checkpoint names (they fuse q/k/v and gate/up themselves);
+    only wrapper prefixes added by torch.compile / DDP / FSDP / checkpointing must go.
+    """
+    changed = True
+    while changed:
+        changed = False
+        for p in _WRAPPER_PREFIXES:
+            if p in name:
+                name = name.replace(p, "")
+                changed = True
+    return name
+
+
+def weights_for_vllm(named_parameters: Iterable[tuple[str, Any]], *, tied_embeddings: bool
+                     ) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) pairs to hand to vLLM after an optimizer step."""
+    seen = set()
+    for name, tensor in named_parameters:
+        name = vllm_weight_name(name)
+        if tied_embeddings and name == "lm_head.weight":
+            continue  # vLLM ties it to embed_tokens itself
+        if name in seen:
+            continue
+        seen.add(name)
+        yield name, tensor.detach() if hasattr(tensor, "detach") else tensor

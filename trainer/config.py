@@ -1,0 +1,168 @@
+"""Trainer configuration: pydantic models, a YAML file, and CLI overrides (`--set a.b=value`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    # Unknown keys are errors: a typo in a config must not silently fall back to a default.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    path: str = Field("tiny-random-qwen3", description="A local HF model dir, or 'tiny-random-qwen3'.")
+    device: str = Field("auto", description="'cpu', 'cuda', 'cuda:1' or 'auto' (cuda if available).")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    vocab_size: int | None = Field(None, ge=2, description="tiny-random-qwen3 only: embedding rows "
+                                   "(default: the tokenizer's size). No-env tasks may use fewer.")
+
+
+class TokenizerConfig(_Strict):
+    dir: str | None = Field(None, description="Tokenizer dir (tokenizer.json [+ config, template]). "
+                            "Unset: build the offline Qwen tokenizer with `template`.")
+    template: str = Field("qwen2_5", description="trl chat template name when dir is unset.")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class BudgetConfig(_Strict):
+    context: int = Field(1024, ge=2, description="Max tokens per rollout (prompt + all turns).")
+    per_turn: int = Field(128, ge=1, description="Max new tokens per assistant turn.")
+    reserve: int = Field(16, ge=0, description="Tokens kept free after a tool suffix for the next turn.")
+    max_turns: int = Field(4, ge=1)
+
+    @model_validator(mode="after")
+    def _fits(self) -> BudgetConfig:
+        if self.reserve >= self.context:
+            raise ValueError(f"reserve ({self.reserve}) must be smaller than context ({self.context})")
+        return self
+
+
+class EnvConfig(_Strict):
+    address: str = "127.0.0.1:50051"
+    environment: str = "python"
+    rpc_timeout_s: float = Field(120.0, gt=0)
+    rpc_retries: int = Field(4, ge=0, description="Retries of one RPC on UNAVAILABLE (same seq).")
+    ready_timeout_s: float = Field(120.0, gt=0, description="Wait this long for health SERVING.")
+
+
+class TaskConfig(_Strict):
+    name: Literal["arithmetic", "token_subset"] = "arithmetic"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class LossSettings(_Strict):
+    clip_eps_low: float = Field(0.2, ge=0)
+    clip_eps_high: float = Field(0.2, ge=0)
+    beta: float = Field(0.0, ge=0, description="KL to the initial model (k3); 0 = no reference model.")
+    norm: Literal["sequence", "token"] = "sequence"
+    scale_rewards: bool = Field(True, description="Divide advantages by the group's reward std.")
+    old_logprobs: Literal["sampler", "recompute"] = Field(
+        "sampler", description="Ratio denominator: the sampler's logprobs or a no-grad recompute.")
+
+
+class VllmSettings(_Strict):
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    enforce_eager: bool = True
+    logprobs_mode: str = Field("processed_logprobs",
+                               description="Logprobs after temperature, i.e. of the sampling distribution.")
+
+
+class TrainConfig(_Strict):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    backend: Literal["transformers", "vllm"] = "transformers"
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    loss: LossSettings = Field(default_factory=LossSettings)
+    vllm: VllmSettings = Field(default_factory=VllmSettings)
+
+    num_generations: int = Field(4, ge=1, description="Rollouts per prompt (GRPO group size).")
+    prompts_per_step: int = Field(2, ge=1)
+    steps: int = Field(10, ge=1, description="Optimizer steps.")
+    learning_rate: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    micro_batch_size: int = Field(8, ge=1, description="Rollouts per forward/backward.")
+    temperature: float = Field(1.0, ge=0)
+    seed: int = 0
+    retries: int = Field(1, ge=0, description="Re-runs of an aborted rollout before it is dropped.")
+    gen_batch_wait_s: float = Field(0.02, ge=0, description="Wait this long to batch generation.")
+    output_dir: str = "runs/demo"
+    save_checkpoint: bool = True
+    progress: bool = True
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _format_validation(e: ValidationError, source: str) -> str:
+    lines = [f"invalid trainer config ({source}):"]
+    for err in e.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        got = f" (got {err['input']!r})" if "input" in err and not isinstance(err["input"], dict) else ""
+        lines.append(f"  {loc}: {err['msg']}{got}")
+    return "\n".join(lines)
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = data
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {key}: {p!r} is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """'budget.context=512' -> ('budget.context', 512); values parse as YAML scalars."""
+    if "=" not in item:
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set expects key=value, got {item!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                extra: dict[str, Any] | None = None) -> TrainConfig:
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must hold a mapping, got {type(loaded).__name__}")
+        data = loaded
+    for item in overrides or []:
+        key, value = parse_override(item)
+        _set_dotted(data, key, value)
+    for key, value in (extra or {}).items():
+        if value is not None:
+            _set_dotted(data, key, value)
+    if overrides or extra:
+        source += " + overrides"
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, source)) from None

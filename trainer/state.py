@@ -1,0 +1,213 @@
+"""Rollout state: ids, loss mask and logprobs kept in one structure, always the same length.
+
+Every mutation goes through a method that checks the invariant, so a rollout can never hold
+misaligned sequences (the failure mode of parallel arrays patched in several places).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Placeholder logprob for positions the model did not generate (prompt and environment tokens).
+# NaN, not 0.0, so that a bug that feeds them into the loss shows up loudly instead of silently.
+NO_LOGPROB = float("nan")
+
+
+class Status(str, enum.Enum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+
+
+class TruncationCause(str, enum.Enum):
+    LENGTH = "length"  # the budget ran out during generation (or before a turn could start)
+    TOOL_OVERFLOW = "tool_overflow"  # the suffix the env rendered would not fit the budget
+    MAX_TURNS = "max_turns"  # the turn limit was reached before the episode ended
+
+
+class RolloutStateError(RuntimeError):
+    """A mutation that would break the rollout's invariants (a bug in the caller)."""
+
+
+@dataclass
+class TurnRecord:
+    """What happened in one assistant turn (for metrics and debugging, never for training ids)."""
+
+    index: int
+    generated: int  # tokens generated this turn
+    finish_reason: str  # "stop" | "length"
+    max_new: int
+    suffix_len: int = 0  # env tokens appended after the turn
+    tool_calls: int = 0
+    tool_truncated: bool = False  # the env cut some tool output to fit
+    step_status: str | None = None  # StepStatus name, when Step was called
+    tools_ms: float = 0.0
+
+
+@dataclass
+class Rollout:
+    """One episode. `ids`, `mask` and `logprobs` have equal length after every method call.
+
+    mask: 1 for tokens the policy generated (trained on), 0 for prompt and environment tokens.
+    logprobs: the sampler's logprob for generated tokens, NO_LOGPROB elsewhere.
+    """
+
+    budget: int
+    group: int = 0  # index of the prompt group (GRPO)
+    attempt: int = 0  # 0 for the first try; a retry is a new Rollout with attempt + 1
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_len: int = 0
+    turns: list[TurnRecord] = field(default_factory=list)
+    status: Status = Status.RUNNING
+    truncation: TruncationCause | None = None
+    abort_reason: str | None = None
+    env_reward: float | None = None  # reward reported by the environment, if any
+    reward: float | None = None  # final reward used for training
+    session_id: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # task data (e.g. the expected answer)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def remaining(self) -> int:
+        return self.budget - len(self.ids)
+
+    @property
+    def num_generated(self) -> int:
+        return sum(self.mask)
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(t.tool_calls for t in self.turns)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not Status.RUNNING
+
+    def last_turn_ids(self) -> list[int]:
+        """The ids generated in the last turn (the final answer when the episode completed)."""
+        if not self.turns:
+            return []
+        end = len(self.ids)
+        # The last turn is the last run of mask-1 tokens (a suffix may follow it).
+        while end > 0 and self.mask[end - 1] == 0:
+            end -= 1
+        start = end - self.turns[-1].generated
+        return self.ids[start:end]
+
+    def check(self) -> None:
+        """Raise if the invariants do not hold (used by tests and after every mutation)."""
+        n = len(self.ids)
+        if len(self.mask) != n or len(self.logprobs) != n:
+            raise RolloutStateError(
+                f"misaligned rollout: ids={n} mask={len(self.mask)} logprobs={len(self.logprobs)}"
+            )
+        if n > self.budget:
+            raise RolloutStateError(f"rollout holds {n} tokens, over its budget of {self.budget}")
+        for i, (m, lp) in enumerate(zip(self.mask, self.logprobs)):
+            if m == 1 and not math.isfinite(lp):
+                raise RolloutStateError(f"generated token at {i} has logprob {lp}")
+        if self.status is Status.TRUNCATED and self.truncation is None:
+            raise RolloutStateError("truncated rollout without a cause")
+        if self.status is Status.ABORTED and not self.abort_reason:
+            raise RolloutStateError("aborted rollout without a reason")
+
+    # ------------------------------------------------------------------ mutations
+    def _require_running(self, what: str) -> None:
+        if self.status is not Status.RUNNING:
+            raise RolloutStateError(f"cannot {what}: rollout is {self.status.value}")
+
+    def start(self, prompt_ids: list[int]) -> None:
+        self._require_running("set the prompt")
+        if self.ids:
+            raise RolloutStateError("prompt already set; a retry must start from a new Rollout")
+        if not prompt_ids:
+            raise RolloutStateError("empty prompt")
+        if len(prompt_ids) > self.budget:
+            raise RolloutStateError(
+                f"prompt of {len(prompt_ids)} tokens does not fit the budget of {self.budget}"
+            )
+        self.ids = list(prompt_ids)
+        self.mask = [0] * len(prompt_ids)
+        self.logprobs = [NO_LOGPROB] * len(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+
+    def append_generated(
+        self, ids: list[int], logprobs: list[float], finish_reason: str, max_new: int
+    ) -> TurnRecord:
+        """Append one assistant turn as generated (mask 1). Validates before touching state."""
+        self._require_running("append generated tokens")
+        if not self.ids:
+            raise RolloutStateError("append_generated before start()")
+        if len(ids) != len(logprobs):
+            raise RolloutStateError(f"{len(ids)} generated ids but {len(logprobs)} logprobs")
+        if not all(math.isfinite(lp) for lp in logprobs):
+            raise RolloutStateError("generated logprobs contain non-finite values")
+        if len(ids) > max_new:
+            raise RolloutStateError(f"backend generated {len(ids)} tokens, max_new was {max_new}")
+        if len(ids) > self.remaining:
+            raise RolloutStateError(
+                f"{len(ids)} generated tokens do not fit the {self.remaining} left in the budget"
+            )
+        if finish_reason not in ("stop", "length"):
+            raise RolloutStateError(f"unknown finish_reason {finish_reason!r}")
+        self.ids.extend(ids)
+        self.mask.extend([1] * len(ids))
+        self.logprobs.extend(float(x) for x in logprobs)
+        turn = TurnRecord(
+            index=len(self.turns), generated=len(ids), finish_reason=finish_reason, max_new=max_new
+        )
+        self.turns.append(turn)
+        return turn
+
+    def append_env(self, suffix_ids: list[int]) -> None:
+        """Append environment-rendered ids verbatim (mask 0). Refuses to overflow the budget."""
+        self._require_running("append environment tokens")
+        if not self.turns:
+            raise RolloutStateError("environment tokens before any generated turn")
+        if len(suffix_ids) > self.remaining:
+            raise RolloutStateError(
+                f"suffix of {len(suffix_ids)} tokens does not fit the {self.remaining} left"
+            )
+        self.ids.extend(suffix_ids)
+        self.mask.extend([0] * len(suffix_ids))
+        self.logprobs.extend([NO_LOGPROB] * len(suffix_ids))
+        self.turns[-1].suffix_len += len(suffix_ids)
+
+    def complete(self, env_reward: float | None = None) -> None:
+        self._require_running("complete")
+        self.status = Status.COMPLETED
+        self.env_reward = env_reward
+
+    def truncate(self, cause: TruncationCause) -> None:
+        self._require_running("truncate")
+        self.status = Status.TRUNCATED
+        self.truncation = cause
+
+    def abort(self, reason: str) -> bool:
+        """Mark a running rollout aborted. A finished rollout stays finished (a late failure,
+        e.g. CloseSession raising, does not invalidate tokens already collected)."""
+        if self.status is not Status.RUNNING:
+            return False
+        self.status = Status.ABORTED
+        self.abort_reason = reason or "unknown"
+        return True
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "status": self.status.value,
+            "truncation": self.truncation.value if self.truncation else None,
+            "abort_reason": self.abort_reason,
+            "len": len(self.ids),
+            "prompt_len": self.prompt_len,
+            "generated": self.num_generated,
+            "turns": len(self.turns),
+            "tool_calls": self.tool_calls,
+            "reward": self.reward,
+            "attempt": self.attempt,
+        }
