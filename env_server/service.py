@@ -317,7 +317,7 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
                     "(RegisterTokenizer), or send parsed tool_calls instead",
                 )
             try:
-                parsed = session.renderer.parse_completion(list(request.completion_ids))
+                parsed = session.renderer.parse_completion(list(request.completion_ids), id_prefix=f"call_{request.seq}_")
             except ValueError as e:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"completion_ids: {e}") from e
             calls, final_text = list(parsed.tool_calls), parsed.content
