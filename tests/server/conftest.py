@@ -15,11 +15,11 @@ def docker_ok() -> None:
 @pytest.fixture(scope="module")
 def server(docker_ok, tmp_path_factory):
     """A real env server subprocess (with the example guess_number environment loaded through config)."""
-    srv = start_server(
-        tmp_path_factory.mktemp("server"),
-        args=["--environment", "guess_number:GuessNumberEnvironment"],
-        env={"TITO_SANDBOX__EXEC_TIMEOUT_S": "5"},
-    )
+    tmp = tmp_path_factory.mktemp("server")
+    config = tmp / "server.yaml"
+    # The example custom environment is loaded through the config file, as a user would.
+    config.write_text("environments: ['guess_number:GuessNumberEnvironment']\nsandbox:\n  exec_timeout_s: 5\n")
+    srv = start_server(tmp, args=["--config", str(config)])
     yield srv
     srv.terminate()
 
