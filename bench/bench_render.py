@@ -1,0 +1,106 @@
+"""Per-step rendering cost: parse_completion + render_suffix, vs a naive full re-render.
+
+    .venv/bin/python bench/bench_render.py [--templates qwen2_5,qwen3,llama3_1,gptoss] [--steps 2000] [--turns 8]
+
+For each template, a conversation of ``--turns`` tool rounds is built; each step parses a
+completion and renders the suffix for a short tool output (what the server does per Step).
+The baseline is what many stacks do instead: apply_chat_template over the whole
+conversation so far (tokenize=True) and take the new tail. Prints p50/p99 in ms and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from env_server.rendering import TokenizerRegistry  # noqa: E402
+from tito.tokenizer_assets import build_tokenizer_dir, load_tokenizer_files  # noqa: E402
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run_python",
+            "description": "Run Python code.",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    }
+]
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
+    ctx = TokenizerRegistry().register(load_tokenizer_files(build_tokenizer_dir(template=template)), {})
+    tok = ctx.tokenizer
+    conv = [{"role": "user", "content": "Compute 6*7 with Python."}]
+    asst = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "run_python", "arguments": {"code": "print(6*7)"}}}],
+    }
+    if ctx.rules.reasoning_field:
+        asst[ctx.rules.reasoning_field] = "I will run it."
+    before = tok.apply_chat_template(conv, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    after = tok.apply_chat_template(conv + [asst], tools=TOOLS, tokenize=False)
+    turn = after[len(before) :]
+    stops = [tok.convert_ids_to_tokens(i) for i in ctx.stop_token_ids]
+    completion = tok.encode(turn[: min(turn.find(s) + len(s) for s in stops if s in turn)], add_special_tokens=False)
+    output = "42\n"
+    history = list(conv)
+    for _ in range(turns):
+        history += [asst, {"role": "tool", "content": output, "tool_call_id": "call_0", "name": "run_python"}]
+
+    ours = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        parsed = ctx.parse_completion(completion)
+        msgs = [{"role": "tool", "content": output, "name": c.name, "tool_call_id": c.id} for c in parsed.tool_calls]
+        ctx.render_suffix(parsed.tool_calls, msgs, budget)
+        ours.append((time.perf_counter() - t0) * 1e3)
+    base = []
+    for i in range(max(50, steps // 10)):
+        t0 = time.perf_counter()
+        text = tok.decode(completion)  # what a re-tokenizing stack does: decode, re-render, re-tokenize
+        _ = tok.apply_chat_template(history, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
+        base.append((time.perf_counter() - t0) * 1e3)
+        del text
+    return {
+        "template": template,
+        "p50": statistics.median(ours),
+        "p99": pct(ours, 0.99),
+        "base_p50": statistics.median(base),
+        "base_p99": pct(base, 0.99),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--templates", default="qwen2_5,qwen3,qwen3_instruct_2507,llama3_1,gptoss")
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--turns", type=int, default=8, help="tool rounds already in the conversation (baseline cost)")
+    ap.add_argument("--budget", type=int, default=4096, help="max_suffix_tokens (0: none)")
+    args = ap.parse_args()
+    print(f"per step = parse_completion + render_suffix (short output), {args.steps} steps; "
+          f"baseline = decode + apply_chat_template(tokenize=True) over {args.turns} rounds")
+    print(f"{'template':22} {'p50 ms':>8} {'p99 ms':>8} {'base p50':>9} {'base p99':>9} {'speedup p50':>12}")
+    for template in args.templates.split(","):
+        r = bench(template, args.steps, args.turns, args.budget or None)
+        print(
+            f"{r['template']:22} {r['p50']:8.3f} {r['p99']:8.3f} {r['base_p50']:9.3f} {r['base_p99']:9.3f} "
+            f"{r['base_p50'] / r['p50']:11.1f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
