@@ -205,11 +205,13 @@ class RolloutRunner:
             if step.status == "SANDBOX_LOST":
                 r.abort(f"sandbox lost: {step.detail or 'no detail'}")
                 return
+            # Overflow first: the server may also mark an overflowing step `done`, but the
+            # episode did not end on its own, so it is a truncation, not a completion.
+            if step.status == "SUFFIX_OVERFLOW" or (not step.done and len(step.suffix_ids) > max_suffix):
+                r.truncate(TruncationCause.TOOL_OVERFLOW)
+                return
             if step.done:
                 r.complete(step.reward)
-                return
-            if step.status == "SUFFIX_OVERFLOW" or len(step.suffix_ids) > max_suffix:
-                r.truncate(TruncationCause.TOOL_OVERFLOW)
                 return
             if turn == lim.max_turns - 1:
                 # Last allowed turn: the episode goes on, but we stop here (suffix not appended).

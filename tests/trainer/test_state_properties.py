@@ -108,7 +108,8 @@ class FakeEnv:
         status = tp.status
         if status == "SUFFIX_OVERFLOW":
             suffix = []
-        done = tp.done or status == "SANDBOX_LOST"
+        # The real server marks SANDBOX_LOST and SUFFIX_OVERFLOW steps done as well.
+        done = tp.done or status in ("SANDBOX_LOST", "SUFFIX_OVERFLOW")
         if done:
             suffix = []
         self.w.suffixes[session_id].append(suffix)
