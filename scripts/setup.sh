@@ -186,7 +186,7 @@ setup_compose() {
         if file_is_elf "$f"; then bin=$f; break; fi
     done < <(find "$tmp/pkg" -type f -name docker-compose)
     [ -n "$bin" ] || { rm -rf "$tmp"; die "no docker-compose binary in $COMPOSE_SPEC"; }
-    for dest in "${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins" /usr/local/lib/docker/cli-plugins; do
+    for dest in "${DOCKER_CONFIG:-${HOME:-/root}/.docker}/cli-plugins" /usr/local/lib/docker/cli-plugins; do
         if [ "$dest" = /usr/local/lib/docker/cli-plugins ] && ! is_root; then continue; fi
         mkdir -p "$dest"
         install -m 0755 "$bin" "$dest/docker-compose"
