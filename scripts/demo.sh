@@ -13,7 +13,8 @@
 # it on 127.0.0.1:${TITO_PORT:-50051}; stop it with `docker compose down` or pass --down. Re-running the
 # demo reuses it (compose recreates it only when the image or config changed). The --local server is
 # always stopped when the demo ends. Compose is used when `docker compose` works, else --local.
-# Env: TITO_PORT (50051), TITO_METRICS_PORT (9464), TITO_DEMO_MODE=compose|local.
+# Env: TITO_PORT (50051), TITO_METRICS_PORT (9464), TITO_DEMO_MODE=compose|local,
+#      TITO_DEMO_JOB=scripted (run the scripted client session even when the trainer is there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +25,7 @@ for a in "$@"; do
         --down) DOWN=1 ;;
         --local) MODE=local ;;
         --compose) MODE=compose ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
         *) echo "[demo] unknown argument '$a' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -99,11 +100,11 @@ fi
 
 export TITO_ENV_TARGET=$TARGET
 rc=0
-if [ -f trainer/__main__.py ] && [ -f examples/demo.yaml ]; then
-    log "main job: .venv/bin/python -m trainer --config examples/demo.yaml --output-dir runs/demo"
-    .venv/bin/python -m trainer --config examples/demo.yaml --output-dir runs/demo || rc=$?
+if [ "${TITO_DEMO_JOB:-auto}" != scripted ] && [ -f trainer/__main__.py ] && [ -f examples/demo.yaml ]; then
+    log "main job: .venv/bin/python -m trainer --config examples/demo.yaml --output-dir runs/demo --env-address $TARGET"
+    .venv/bin/python -m trainer --config examples/demo.yaml --output-dir runs/demo --env-address "$TARGET" || rc=$?
 else
-    log "main job: examples/scripted_session.py --target $TARGET (the trainer demo is not there yet)"
+    log "main job: examples/scripted_session.py --target $TARGET"
     .venv/bin/python examples/scripted_session.py --target "$TARGET" || rc=$?
 fi
 
