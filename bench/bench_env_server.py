@@ -53,7 +53,8 @@ def bench_step_latency(stub, server_name: str, steps: int) -> None:
     check = stub.Step(pb.StepRequest(session_id=sid, seq=steps + 2, tool_calls=[call(0, "x")]))
     assert check.tool_messages[0].content == f"Out: {steps}", check.tool_messages[0].content
 
-    (container,) = [c for c in containers_of(server_name) if c.labels.get("tito.session") == sid]
+    (info,) = [c for c in containers_of(server_name) if c.labels.get("tito.session") == sid]
+    container = docker.from_env().containers.get(info.id)
     exec_lat = []
     for _ in tqdm(range(30), desc="docker exec", leave=False):
         t = time.perf_counter()

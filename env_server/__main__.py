@@ -56,11 +56,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(server.serve_forever())
+        run_event_loop(server.serve_forever(), config.event_loop)
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def run_event_loop(main, choice: str) -> None:
+    if choice in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if choice == "uvloop":
+                raise SystemExit("error: event_loop=uvloop but uvloop is not installed (pip install uvloop)")
+        else:
+            uvloop.run(main)
+            return
+    asyncio.run(main)
 
 
 if __name__ == "__main__":

@@ -41,11 +41,21 @@ def docker_available() -> str | None:
     return None
 
 
-def containers_of(server_name: str, instance: str | None = None) -> list:
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    name: str
+    labels: dict[str, str]
+
+
+def containers_of(server_name: str, instance: str | None = None) -> list[ContainerInfo]:
+    """Containers (any state) of a server. One list call: no per-container inspect that could race
+    with a server removing them."""
     labels = ["tito.managed=1", f"tito.server={server_name}"]
     if instance:
         labels.append(f"tito.instance={instance}")
-    return docker.from_env().containers.list(all=True, filters={"label": labels})
+    rows = docker.from_env().api.containers(all=True, filters={"label": labels})
+    return [ContainerInfo(r["Id"], r["Names"][0].lstrip("/"), r.get("Labels") or {}) for r in rows]
 
 
 @dataclass
