@@ -51,7 +51,7 @@ class EnvConfig(_Strict):
 
 
 class TaskConfig(_Strict):
-    name: Literal["arithmetic", "token_subset"] = "arithmetic"
+    name: Literal["arithmetic", "puzzles", "token_subset"] = "arithmetic"
     params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -72,6 +72,16 @@ class VllmSettings(_Strict):
                                description="Logprobs after temperature, i.e. of the sampling distribution.")
 
 
+class WarmStartConfig(_Strict):
+    """Supervised fine-tuning on scripted demonstrations (run through the env server) before GRPO."""
+
+    steps: int = Field(0, ge=0, description="SFT optimizer steps; 0 = no warm start.")
+    learning_rate: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    batch_size: int = Field(0, ge=0, description="Demonstrations per SFT step; 0 = all of them.")
+
+
 class TrainConfig(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
@@ -81,12 +91,16 @@ class TrainConfig(_Strict):
     task: TaskConfig = Field(default_factory=TaskConfig)
     loss: LossSettings = Field(default_factory=LossSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
 
     num_generations: int = Field(4, ge=1, description="Rollouts per prompt (GRPO group size).")
     prompts_per_step: int = Field(2, ge=1)
     steps: int = Field(10, ge=1, description="Optimizer steps.")
     learning_rate: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW eps of the GRPO optimizer. Larger values "
+                            "damp the sign-like updates Adam gives parameters whose gradients are "
+                            "tiny and noisy (e.g. the rows of rarely sampled tokens).")
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(8, ge=1, description="Rollouts per forward/backward.")
     temperature: float = Field(1.0, ge=0)

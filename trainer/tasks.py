@@ -6,10 +6,19 @@
 - `token_subset`: no environment, no tools. Reward = fraction of generated tokens that fall in a
   fixed half of the vocabulary. A random tiny model can discover it, so it proves that gradients
   flow through the mask and advantages (the learning test and examples/learn_tokens.yaml).
+- `puzzles`: a small fixed pool of interpreter puzzles (big products, modular powers, digit sums,
+  prime counts), generated from a seed. Small enough for the tiny demo model to memorize after a
+  warm start on demonstrations (examples/demo.yaml); the env checks the final answer.
+
+Tasks that use the interpreter can also act as a *teacher* for the warm start
+(`trainer/warmstart.py`): `demo_specs()` lists the prompts to demonstrate, `teacher_turn()` writes
+the scripted assistant text of each turn (turn 0: a `run_python` call; turn 1: the final answer,
+built from the tool message the env server actually returned).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Callable
@@ -32,6 +41,41 @@ class Task(Protocol):
     def reward(self, rollout: Rollout, decode: Decode | None) -> float: ...
 
 
+class TeacherTask(Protocol):
+    """A task that can script demonstrations for the warm start."""
+
+    def demo_specs(self) -> list[RolloutSpec]: ...
+
+    def teacher_turn(self, meta: dict[str, Any], turn: int,
+                     tool_messages: list[dict[str, str]] | None) -> str: ...
+
+
+def tool_call_text(code: str) -> str:
+    """A Hermes/Qwen tool call of `run_python`, ended by the turn's stop token."""
+    return "<tool_call>\n" + json.dumps({"name": "run_python", "arguments": {"code": code}}) + \
+        "\n</tool_call><|im_end|>"
+
+
+def answer_from_tool(meta: dict[str, Any], turn: int, tool_messages: list[dict[str, str]] | None
+                     ) -> str:
+    """The scripted two-turn policy: call the tool with meta['code'], then report its output."""
+    if turn == 0:
+        return tool_call_text(meta["code"])
+    if turn == 1:
+        if not tool_messages:
+            raise ValueError("the teacher's answer turn needs the tool message of turn 1")
+        out = tool_messages[-1].get("content", "").strip()
+        # The tool output as the sandbox printed it (its last line), not the locally known answer:
+        # if the two disagree the env scores the demonstration 0 and the warm start refuses it.
+        last = out.splitlines()[-1].strip() if out else ""
+        return f"The answer is {last}.<|im_end|>"
+    raise ValueError(f"the teacher has no turn {turn}")
+
+
+def _rollout_used_tool(rollout: Rollout) -> bool:
+    return rollout.tool_calls > 0
+
+
 _NUMBER = re.compile(r"[-+]?\d[\d,]*")
 
 
@@ -39,12 +83,14 @@ class ArithmeticTask:
     name = "arithmetic"
     uses_env = True
 
-    def __init__(self, seed: int = 0, digits: int = 6, env_checks_answer: bool = True) -> None:
+    def __init__(self, seed: int = 0, digits: int = 6, env_checks_answer: bool = True,
+                 demos: int = 8) -> None:
         if digits < 1:
             raise ValueError("digits must be >= 1")
         self.seed = seed
         self.digits = digits
         self.env_checks_answer = env_checks_answer
+        self.demos = demos
 
     def sample(self, n_prompts: int, step: int) -> list[RolloutSpec]:
         rng = random.Random(f"{self.seed}:{step}")
@@ -60,8 +106,16 @@ class ArithmeticTask:
             ]
             env_args = {"expected_answer": answer} if self.env_checks_answer else None
             specs.append(RolloutSpec(group=g, messages=messages, env_args=env_args,
-                                     meta={"answer": answer, "question": f"{a} * {b}"}))
+                                     meta={"answer": answer, "question": f"{a} * {b}",
+                                           "code": f"print({a} * {b})"}))
         return specs
+
+    def demo_specs(self) -> list[RolloutSpec]:
+        # Questions from a step index GRPO never samples (steps count from 1).
+        return self.sample(self.demos, step=-1)
+
+    def teacher_turn(self, meta, turn, tool_messages) -> str:
+        return answer_from_tool(meta, turn, tool_messages)
 
     def reward(self, rollout: Rollout, decode: Decode | None) -> float:
         if rollout.status is not Status.COMPLETED:
@@ -100,9 +154,100 @@ class TokenSubsetTask:
         return sum(t in self.subset for t in gen) / len(gen) if gen else 0.0
 
 
+def _prime_count_below(n: int) -> int:
+    sieve = bytearray([1]) * max(n, 2)
+    sieve[0:2] = b"\x00\x00"
+    for i in range(2, int(n**0.5) + 1):
+        if sieve[i]:
+            sieve[i * i :: i] = bytearray(len(range(i * i, n, i)))
+    return sum(sieve[:n])
+
+
+def make_puzzles(n: int, seed: int) -> list[dict[str, str]]:
+    """n interpreter puzzles, the same for the same seed: question, code, answer (computed here)."""
+    rng = random.Random(f"puzzles:{seed}")
+    out = []
+    for i in range(n):
+        kind = i % 4
+        if kind == 0:
+            a, b = rng.randint(100_000, 999_999), rng.randint(100_000, 999_999)
+            q, code, ans = f"What is {a} * {b}?", f"print({a} * {b})", a * b
+        elif kind == 1:
+            k = rng.randint(150, 999)
+            q = f"What is the digit sum of 2**{k}?"
+            code, ans = f"print(sum(map(int, str(2**{k}))))", sum(map(int, str(2**k)))
+        elif kind == 2:
+            a, e, m = rng.randint(1000, 9999), rng.randint(1000, 9999), rng.randint(10_000, 99_999)
+            q, code, ans = f"What is {a}**{e} mod {m}?", f"print(pow({a}, {e}, {m}))", pow(a, e, m)
+        else:
+            lim = rng.randint(1000, 3000)
+            q = f"How many primes are below {lim}?"
+            code = f"print(sum(all(p % d for d in range(2, p)) for p in range(2, {lim})))"
+            ans = _prime_count_below(lim)
+        out.append({"question": q, "code": code, "answer": str(ans)})
+    return out
+
+
+class PuzzleTask:
+    """A fixed pool of interpreter puzzles; every step asks `n_prompts` of them (a seeded draw).
+
+    The pool is tiny on purpose: the demo's random 10M-parameter model can memorize it after a
+    warm start, so GRPO has something to sharpen within a CPU minute. This shows the machinery
+    learning end to end, not arithmetic ability. With `require_tool_call` (default) an episode
+    that answers without ever calling `run_python` scores 0, so answering from memory alone is
+    not rewarded.
+    """
+
+    name = "puzzles"
+    uses_env = True
+    SYSTEM = "Use run_python to compute, then reply with the number."
+
+    def __init__(self, seed: int = 0, n: int = 4, require_tool_call: bool = True,
+                 system: str | None = None) -> None:
+        if n < 1:
+            raise ValueError("n must be >= 1")
+        self.seed = seed
+        self.puzzles = make_puzzles(n, seed)
+        self.require_tool_call = require_tool_call
+        self.system = self.SYSTEM if system is None else system
+
+    def _spec(self, group: int, p: dict[str, str]) -> RolloutSpec:
+        messages = [{"role": "user", "content": p["question"]}]
+        if self.system:
+            messages.insert(0, {"role": "system", "content": self.system})
+        return RolloutSpec(group=group, messages=messages, env_args={"expected_answer": p["answer"]},
+                           meta=dict(p))
+
+    def sample(self, n_prompts: int, step: int) -> list[RolloutSpec]:
+        rng = random.Random(f"{self.seed}:{step}")
+        order: list[dict[str, str]] = []
+        while len(order) < n_prompts:  # each puzzle once before any repeats
+            batch = list(self.puzzles)
+            rng.shuffle(batch)
+            order.extend(batch)
+        return [self._spec(g, p) for g, p in enumerate(order[:n_prompts])]
+
+    def demo_specs(self) -> list[RolloutSpec]:
+        return [self._spec(g, p) for g, p in enumerate(self.puzzles)]
+
+    def teacher_turn(self, meta, turn, tool_messages) -> str:
+        return answer_from_tool(meta, turn, tool_messages)
+
+    def reward(self, rollout: Rollout, decode: Decode | None) -> float:
+        if rollout.status is not Status.COMPLETED:
+            return 0.0
+        if self.require_tool_call and not _rollout_used_tool(rollout):
+            return 0.0
+        if rollout.env_reward is None:
+            raise ValueError("the puzzles task needs the env's reward (expected_answer)")
+        return float(rollout.env_reward)
+
+
 def make_task(name: str, params: dict[str, Any], *, seed: int, vocab_size: int) -> Task:
     if name == "arithmetic":
         return ArithmeticTask(seed=seed, **params)
     if name == "token_subset":
         return TokenSubsetTask(vocab_size=vocab_size, seed=seed, **params)
-    raise ValueError(f"unknown task {name!r}: choose 'arithmetic' or 'token_subset'")
+    if name == "puzzles":
+        return PuzzleTask(seed=seed, **params)
+    raise ValueError(f"unknown task {name!r}: choose 'arithmetic', 'puzzles' or 'token_subset'")

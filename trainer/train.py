@@ -72,6 +72,12 @@ class TokenizerInfo:
         # Only for rewards and logs; ids are never re-encoded.
         return self._tok.decode(ids, skip_special_tokens=False)
 
+    def encode_teacher_text(self, text: str) -> list[int]:
+        """Scripted teacher text for warm-start demonstrations (dataset text, never model
+        output or env text). Special tokens written in the text (`<tool_call>`, `<|im_end|>`)
+        become their ids."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
 
 @dataclass
 class StepMetrics:
@@ -111,7 +117,7 @@ def rollout_metrics(rollouts: list[Rollout], stats: BatchStats) -> dict[str, Any
 class Trainer:
     def __init__(self, cfg: TrainConfig, *, model, backend: GenerationBackend, task: Task,
                  env: EnvClient | None, stop_token_ids: list[int], pad_id: int,
-                 decode=None, device: torch.device | None = None) -> None:
+                 decode=None, device: torch.device | None = None, encode=None) -> None:
         self.cfg = cfg
         self.model = model
         self.backend = backend
@@ -120,20 +126,52 @@ class Trainer:
         self.stop_token_ids = list(stop_token_ids)
         self.pad_id = pad_id
         self.decode = decode
+        self.encode = encode  # teacher text -> ids, for warm-start demonstrations only
         self.device = device or next(model.parameters()).device
         self.out = Path(cfg.output_dir)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate,
-                                           weight_decay=cfg.weight_decay)
+                                           weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
         self.loss_cfg = LossConfig(cfg.loss.clip_eps_low, cfg.loss.clip_eps_high, cfg.loss.beta,
                                    cfg.loss.norm)
         self.ref_model = None
-        if cfg.loss.beta > 0:
+        if cfg.loss.beta > 0 and cfg.warm_start.steps == 0:
+            # With a warm start the reference is taken after it (see warm_start()).
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
         self.limits = RolloutLimits(
             budget=cfg.budget.context, per_turn_cap=cfg.budget.per_turn, reserve=cfg.budget.reserve,
             max_turns=cfg.budget.max_turns, temperature=cfg.temperature, retries=cfg.retries,
         )
         self.history: list[dict[str, Any]] = []
+        self.warm_history: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ warm start
+    async def warm_start(self) -> list[dict[str, Any]]:
+        """SFT on demonstrations collected through the env server (trainer/warmstart.py)."""
+        from trainer.warmstart import WarmStartError, build_demonstrations, warm_start
+
+        ws = self.cfg.warm_start
+        if not (hasattr(self.task, "demo_specs") and hasattr(self.task, "teacher_turn")):
+            raise WarmStartError(f"task {self.task.name!r} has no teacher: set warm_start.steps: 0")
+        if self.env is None or not self.task.uses_env:
+            raise WarmStartError("the warm start builds demonstrations through the env server")
+        if self.encode is None:
+            raise WarmStartError("the warm start needs the tokenizer to encode teacher text")
+        t0 = time.perf_counter()
+        demos, records = await build_demonstrations(
+            self.task.demo_specs(), self.task, self.encode, self.env, self.cfg.env.environment,
+            self.limits, self.stop_token_ids, model=self.model)
+        with open(self.out / "demonstrations.jsonl", "w") as f:
+            for rec in records:
+                f.write(json.dumps(_jsonable(rec)) + "\n")
+        log.info("warm start: %d demonstrations through the env in %.1fs", len(demos),
+                 time.perf_counter() - t0)
+        self.warm_history = await asyncio.to_thread(
+            warm_start, self.model, demos, ws, pad_id=self.pad_id, device=self.device,
+            out_dir=self.out, seed=self.cfg.seed, progress=self.cfg.progress)
+        self.backend.sync_weights(self.model)
+        if self.cfg.loss.beta > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        return self.warm_history
 
     # ------------------------------------------------------------------ rollouts
     def expand(self, specs: list[RolloutSpec]) -> list[RolloutSpec]:
@@ -230,6 +268,8 @@ class Trainer:
         metrics_path = self.out / "metrics.jsonl"
         metrics_path.write_text("")
         (self.out / "rollouts.jsonl").write_text("")
+        if self.cfg.warm_start.steps > 0:
+            await self.warm_start()
         bar = None
         if self.cfg.progress:
             from tqdm.auto import tqdm
@@ -352,7 +392,7 @@ async def run_training(cfg: TrainConfig) -> list[dict[str, Any]]:
         backend = make_backend(cfg, model, tok)
         trainer = Trainer(cfg, model=model, backend=backend, task=task, env=env,
                           stop_token_ids=stop_ids, pad_id=pad_id, decode=tok.decode,
-                          device=device)
+                          device=device, encode=tok.encode_teacher_text)
         return await trainer.train()
     finally:
         if client is not None:

@@ -1,0 +1,222 @@
+"""Warm start: supervised fine-tuning on demonstrations produced through the real env server.
+
+A demonstration is an ordinary `Rollout`, collected by the ordinary rollout loop
+(`RolloutRunner`) with a scripted policy (`ScriptedBackend`) in place of the model:
+
+- the prompt ids come from the server's `OpenSession` (`prompt_ids`);
+- each assistant turn is the task's *teacher text* (`TeacherTask.teacher_turn`), encoded with the
+  tokenizer. Encoding scripted teacher text is dataset construction, not re-tokenizing model
+  output: the invariant (the trainer never decodes and re-encodes what the model generated or the
+  env rendered) still holds;
+- the tool really runs in the sandbox, and the ids between turns are the server's `suffix_ids`,
+  appended verbatim with mask 0. The answer turn is written from the tool message the server
+  returned, so a demonstration's final answer is whatever the sandbox computed.
+
+So demonstrations obey the same token contract and have the same ids/mask structure as GRPO
+rollouts. A demonstration must complete, call a tool, and (where the env scores) earn reward 1,
+or the warm start refuses to train on it. The loss is the cross-entropy of the mask-1 tokens
+(token-level mean over the batch).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.backends.base import GenRequest
+from trainer.backends.scripted import ScriptedBackend
+from trainer.config import WarmStartConfig
+from trainer.env_client import EnvClient, OpenedSession, StepOutcome
+from trainer.model import collate, target_logprobs
+from trainer.rollout import GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
+from trainer.state import Rollout, Status
+
+log = logging.getLogger(__name__)
+
+Encode = Callable[[str], list[int]]
+
+
+class WarmStartError(RuntimeError):
+    pass
+
+
+class _ToolMessageRecorder:
+    """Passes calls through to the env and remembers, for every context the rollout reaches
+    after a Step (prompt + turns + suffixes so far), the tool messages the server returned.
+    The teacher looks its next turn's input up by the exact ids of the generation request."""
+
+    def __init__(self, inner: EnvClient) -> None:
+        self.inner = inner
+        self._ctx: dict[str, list[int]] = {}
+        self.tool_messages: dict[tuple[int, ...], list[dict[str, str]]] = {}
+        self.steps: dict[str, list[StepOutcome]] = {}
+
+    async def open_session(self, environment, messages, env_args) -> OpenedSession:
+        opened = await self.inner.open_session(environment, messages, env_args)
+        self._ctx[opened.session_id] = list(opened.prompt_ids)
+        self.steps[opened.session_id] = []
+        return opened
+
+    async def step(self, session_id, seq, completion_ids, max_suffix_tokens) -> StepOutcome:
+        out = await self.inner.step(session_id, seq, completion_ids, max_suffix_tokens)
+        self.steps[session_id].append(out)
+        ctx = self._ctx[session_id]
+        ctx.extend(completion_ids)
+        ctx.extend(out.suffix_ids)
+        self.tool_messages[tuple(ctx)] = list(out.tool_messages)
+        return out
+
+    async def close_session(self, session_id) -> None:
+        await self.inner.close_session(session_id)
+
+
+async def build_demonstrations(
+    specs: list[RolloutSpec], teacher, encode: Encode, env: EnvClient, environment: str,
+    limits: RolloutLimits, stop_token_ids: list[int], model=None,
+) -> tuple[list[Rollout], list[dict[str, Any]]]:
+    """Run the teacher over `specs` through the env; returns (demonstrations, a record of each).
+
+    `teacher.teacher_turn(meta, turn, tool_messages)` gives the assistant text of each turn.
+    With `model`, each demonstration's logprobs are the model's teacher-forced logprobs (for
+    inspection; SFT does not use them), else -1.0.
+    """
+    recorder = _ToolMessageRecorder(env)
+    texts: dict[tuple[int, int], str] = {}
+
+    def script(req: GenRequest) -> list[int]:
+        which = int(req.key[1:].split("#")[0])  # run_batch keys rollouts "r<index>#<attempt>"
+        msgs = None
+        if req.turn > 0:
+            msgs = recorder.tool_messages.get(tuple(req.prompt_ids))
+            if msgs is None:
+                raise WarmStartError(f"demonstration {which}: no tool message for turn {req.turn}")
+        text = teacher.teacher_turn(specs[which].meta, req.turn, msgs)
+        texts[(which, req.turn)] = text
+        return encode(text)
+
+    backend = ScriptedBackend(script, model=model)
+    scheduler = GenerationScheduler(backend, max_wait_s=0.01)
+    runner = RolloutRunner(limits, scheduler, recorder, environment, stop_token_ids)
+    try:
+        rollouts, stats = await runner.run_batch(specs)
+    finally:
+        await scheduler.close()
+    if stats.dropped:
+        raise WarmStartError(f"{stats.dropped} demonstration(s) failed: "
+                             f"{sorted(set(stats.abort_reasons))[:3]}")
+    # Nothing was dropped, so rollouts[i] is specs[i]'s (run_batch keeps the order).
+    records, problems = [], []
+    for i, r in enumerate(rollouts):
+        turns = [texts.get((i, t), "") for t in range(len(r.turns))]
+        steps = recorder.steps.get(r.session_id, [])
+        records.append({
+            "demo": i, "meta": r.meta, "teacher_turns": turns,
+            "tool_messages": [m.get("content", "") for s in steps for m in s.tool_messages],
+            "env_reward": r.env_reward, **r.summary(),
+        })
+        why = None
+        if r.status is not Status.COMPLETED:
+            why = f"{r.status.value}" + (f" ({r.truncation.value})" if r.truncation else "")
+            if r.truncation is not None and r.truncation.value == "length":
+                longest = max(t.generated for t in r.turns) if r.turns else 0
+                why += (f": a teacher turn needs more than budget.per_turn / context allows "
+                        f"(longest turn so far {longest} tokens)")
+        elif r.tool_calls == 0:
+            why = "the teacher never called a tool"
+        elif r.env_reward is not None and r.env_reward < 1.0:
+            why = f"the env scored the teacher's answer {r.env_reward} (tool said {records[-1]['tool_messages']})"
+        if why:
+            problems.append(f"demonstration {i} ({r.meta.get('question', '?')}): {why}")
+    if problems:
+        raise WarmStartError("bad demonstrations:\n  " + "\n  ".join(problems))
+    return rollouts, records
+
+
+def sft_loss(model, rollouts: list[Rollout], pad_id: int, device) -> tuple[torch.Tensor, int]:
+    """Mean cross-entropy over the mask-1 (teacher) tokens of the batch, and their count."""
+    batch = collate(rollouts, torch.zeros(len(rollouts)), pad_id, device)
+    n = int(batch.mask.sum())
+    if n == 0:
+        raise WarmStartError("demonstrations hold no teacher tokens")
+    logp = target_logprobs(model, batch.input_ids, batch.mask, temperature=1.0)
+    return -(logp * batch.mask).sum() / n, n
+
+
+def warm_start(model, demos: list[Rollout], cfg: WarmStartConfig, *, pad_id: int, device,
+               out_dir: Path | None = None, seed: int = 0, progress: bool = True
+               ) -> list[dict[str, Any]]:
+    """`cfg.steps` AdamW steps of SFT on `demos`; writes warmstart.jsonl (+ .png) to out_dir."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    rng = random.Random(f"warm_start:{seed}")
+    bs = cfg.batch_size or len(demos)
+    history: list[dict[str, Any]] = []
+    path = out_dir / "warmstart.jsonl" if out_dir is not None else None
+    if path is not None:
+        path.write_text("")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, desc="warm start", unit="step")
+    order: list[Rollout] = []
+    model.train()
+    try:
+        for step in range(1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            if bs >= len(demos):
+                batch = demos
+            else:
+                if len(order) < bs:  # each demonstration once per epoch, shuffled
+                    more = list(demos)
+                    rng.shuffle(more)
+                    order.extend(more)
+                batch, order = order[:bs], order[bs:]
+            opt.zero_grad(set_to_none=True)
+            loss, n = sft_loss(model, batch, pad_id, device)
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            opt.step()
+            m = {"phase": "warm_start", "step": step, "loss": float(loss.detach()),
+                 "tokens": n, "demos": len(batch), "grad_norm": grad_norm,
+                 "lr": cfg.learning_rate, "step_time_s": time.perf_counter() - t0}
+            if not math.isfinite(m["loss"]):
+                raise WarmStartError(f"warm start step {step}: loss is {m['loss']}")
+            history.append(m)
+            if path is not None:
+                with open(path, "a") as f:
+                    f.write(json.dumps(m) + "\n")
+            if bar is not None:
+                bar.set_postfix(loss=f"{m['loss']:.3f}")
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        opt.zero_grad(set_to_none=True)
+    if out_dir is not None and history:
+        plot_warm_start(history, out_dir / "warmstart.png")
+    return history
+
+
+def plot_warm_start(history: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot([m["step"] for m in history], [m["loss"] for m in history])
+    ax.set_yscale("log")
+    ax.set_xlabel("warm-start step")
+    ax.set_ylabel("SFT loss (nats/token)")
+    ax.set_title("warm start on demonstrations")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
