@@ -26,14 +26,16 @@ from env_server.rendering import (
     TokenizerRegistry,
     UnsupportedTemplateError,
 )
+from env_server.sandbox.docker_sandbox import new_session_id
 from env_server.sandbox.pool import SandboxPool
-from env_server.sessions import Session, SessionNotFound, SessionRegistry
+from env_server.sessions import InFlightStep, Session, SessionNotFound, SessionRegistry
 from tito.v1 import environment_pb2 as pb
 from tito.v1 import environment_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
 _ROLES = {"system", "user", "assistant", "tool"}
+_OFFLOAD_RENDER_CHARS = 32 * 1024
 
 
 class RpcError(Exception):
@@ -90,8 +92,8 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
         self.sessions = sessions
         self.metrics = metrics
         self._env_specs = {name: _environment_spec(cls) for name, cls in environments.items()}
-        # OpenSession retries with the same client_request_id get the first answer.
-        self._open_replies: OrderedDict[str, pb.OpenSessionResponse] = OrderedDict()
+        # OpenSession retries with the same client_request_id get the first opening's answer.
+        self._openings: OrderedDict[str, asyncio.Task] = OrderedDict()
 
     # ------------------------------------------------------------ ListEnvironments
 
@@ -124,9 +126,26 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
 
     @_rpc("open_session")
     async def OpenSession(self, request: pb.OpenSessionRequest, context: Any) -> pb.OpenSessionResponse:
+        rid = request.client_request_id
+        if not rid:
+            return await self._open_session(request)
+        # Retries with the same client_request_id share one opening, even while it is still running;
+        # shielded, so a client that gives up mid-open finds its session on the retry.
+        task = self._openings.get(rid)
+        if task is None:
+            task = asyncio.create_task(self._open_session(request))
+            task.add_done_callback(lambda t, rid=rid: self._forget_failed_opening(rid, t))
+            self._openings[rid] = task
+            while len(self._openings) > 4096:
+                self._openings.popitem(last=False)
+        return await asyncio.shield(task)
+
+    def _forget_failed_opening(self, rid: str, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is not None:
+            self._openings.pop(rid, None)  # a failed opening may be retried afresh
+
+    async def _open_session(self, request: pb.OpenSessionRequest) -> pb.OpenSessionResponse:
         started = time.perf_counter()
-        if request.client_request_id and request.client_request_id in self._open_replies:
-            return self._open_replies[request.client_request_id]
         env_cls = self.environments.get(request.environment)
         if env_cls is None:
             known = ", ".join(sorted(self.environments)) or "none"
@@ -150,54 +169,55 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"the chat template could not render the opening messages: {type(e).__name__}: {e}",
                 ) from e
-        if not self.sessions.has_capacity():
-            raise RpcError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the server holds its maximum of {self.sessions.max_sessions} sessions; close some or retry later",
-            )
+        if env_cls.needs_sandbox and not self.pool.ready:
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, f"the sandbox pool is not ready: {self.pool.status_detail}")
 
-        sandbox = None
-        if env_cls.needs_sandbox:
-            if not self.pool.ready:
-                raise RpcError(grpc.StatusCode.UNAVAILABLE, f"the sandbox pool is not ready: {self.pool.status_detail}")
+        # The slot is taken before the first await, so concurrent opens cannot overshoot max_sessions.
+        with self.sessions.reserve_slot() as reserved:
+            if not reserved:
+                raise RpcError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the server holds its maximum of {self.sessions.max_sessions} sessions; "
+                    "close some or retry later",
+                )
+            sandbox = None
+            if env_cls.needs_sandbox:
+                try:
+                    sandbox = await self.pool.acquire()
+                except Exception as e:
+                    raise RpcError(grpc.StatusCode.UNAVAILABLE, f"could not start a sandbox: {e}") from e
             try:
-                sandbox = await self.pool.acquire()
-            except Exception as e:
-                raise RpcError(grpc.StatusCode.UNAVAILABLE, f"could not start a sandbox: {e}") from e
-        session_id = sandbox.session_id if sandbox is not None else _new_session_id()
-        env = env_cls(env_args, sandbox)
-        try:
-            await env.setup()
-        except Exception as e:
-            if sandbox is not None:
-                await sandbox.destroy()
-            raise RpcError(
-                grpc.StatusCode.FAILED_PRECONDITION, f"environment {env_cls.name!r} failed to set up: {e}"
-            ) from e
-        session = Session(
-            id=session_id,
-            env_name=env_cls.name,
-            env=env,
-            renderer=renderer,
-            idle_ttl_s=self.config.idle_ttl_s,
-            hard_ttl_s=self.config.hard_ttl_s,
-        )
-        self.sessions.add(session)
+                env = env_cls(env_args, sandbox)
+                await env.setup()
+            except BaseException as e:
+                # Never leave an acquired sandbox behind, not even when the call is cancelled.
+                if sandbox is not None:
+                    await asyncio.shield(sandbox.destroy())
+                if isinstance(e, Exception):
+                    raise RpcError(
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        f"environment {env_cls.name!r} failed to set up: {type(e).__name__}: {e}",
+                    ) from e
+                raise
+            session = Session(
+                id=sandbox.session_id if sandbox is not None else new_session_id(),
+                env_name=env_cls.name,
+                env=env,
+                renderer=renderer,
+                idle_ttl_s=self.config.idle_ttl_s,
+                hard_ttl_s=self.config.hard_ttl_s,
+            )
+            self.sessions.add(session)
         self.metrics.sessions_opened.labels(env_cls.name).inc()
         self.metrics.sessions_active.set(len(self.sessions))
-        reply = pb.OpenSessionResponse(
-            session_id=session_id,
+        self.metrics.open_latency.observe(time.perf_counter() - started)
+        return pb.OpenSessionResponse(
+            session_id=session.id,
             prompt_ids=prompt_ids,
             tools=self._env_specs[env_cls.name].tools,
             idle_ttl_s=self.config.idle_ttl_s,
             hard_ttl_s=self.config.hard_ttl_s,
         )
-        if request.client_request_id:
-            self._open_replies[request.client_request_id] = reply
-            while len(self._open_replies) > 4096:
-                self._open_replies.popitem(last=False)
-        self.metrics.open_latency.observe(time.perf_counter() - started)
-        return reply
 
     # ------------------------------------------------------------ Step
 
@@ -215,26 +235,63 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
                 f"tokenizer fingerprint mismatch: the request says {request.tokenizer_fingerprint!r} but session "
                 f"{session.id!r} was opened with {have!r}; open the session with the tokenizer you generate with",
             )
-        async with session.lock:
-            if request.seq == session.last_seq and session.last_response is not None:
-                return session.last_response  # a retry: same answer, nothing runs twice
-            if request.seq != session.last_seq + 1:
-                raise RpcError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"out-of-order step: session {session.id!r} expects seq {session.last_seq + 1} "
-                    f"(or {session.last_seq} to replay the last answer), got {request.seq}",
+        if request.seq == session.last_seq and session.last_response is not None:
+            return session.last_response  # a retry: same answer, nothing runs twice
+        inflight = session.inflight
+        if inflight is not None and inflight.seq == request.seq:
+            task = inflight.task  # a retry while the first attempt still runs: share its answer
+        elif inflight is not None:
+            raise RpcError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"step {inflight.seq} of session {session.id!r} is still running; wait for its answer "
+                f"(retrying seq {inflight.seq} returns it) before sending seq {request.seq}",
+            )
+        elif request.seq != session.last_seq + 1:
+            raise RpcError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"out-of-order step: session {session.id!r} expects seq {session.last_seq + 1} "
+                f"(or {session.last_seq} to replay the last answer), got {request.seq}",
+            )
+        elif session.done:
+            raise RpcError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the episode of session {session.id!r} is over; close it and open a new session",
+            )
+        else:
+            task = asyncio.create_task(self._step_task(session, request, started), name=f"step-{session.id[:12]}")
+            task.add_done_callback(_retrieve_exception)
+            session.inflight = InFlightStep(request.seq, task)
+        # Shielded: a client that gives up (deadline, dropped connection) does not stop the tools
+        # half-way; the step runs to its end and its answer waits for the retry.
+        response = await asyncio.shield(task)
+        self.metrics.step_latency.labels(session.env_name).observe(time.perf_counter() - started)
+        return response
+
+    async def _step_task(self, session: Session, request: pb.StepRequest, started: float) -> pb.StepResponse:
+        try:
+            try:
+                response = await self._run_step(session, request, started)
+            except RpcError:
+                raise  # refused before any tool ran: nothing to remember, the client may fix and resend
+            except Exception as e:
+                # Tools may have run: the sandbox state is unknown, so the episode ends, and the
+                # answer is remembered like any other so a retry cannot run the calls twice.
+                log.exception("step %d of session %s failed", request.seq, session.id)
+                self.metrics.errors.labels("step:internal").inc()
+                response = pb.StepResponse(
+                    seq=request.seq,
+                    done=True,
+                    status=pb.STEP_STATUS_ERROR,
+                    detail=f"the server failed while running this step ({type(e).__name__}: {e}); "
+                    "the session is over, open a new one",
                 )
-            if session.done:
-                raise RpcError(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"the episode of session {session.id!r} is over; close it and open a new session",
-                )
-            response = await self._run_step(session, request, started)
+                session.done = True
             session.last_seq = request.seq
             session.last_response = response
             session.touch()
-        self.metrics.step_latency.labels(session.env_name).observe(time.perf_counter() - started)
-        return response
+            return response
+        finally:
+            session.inflight = None
 
     async def _run_step(self, session: Session, request: pb.StepRequest, started: float) -> pb.StepResponse:
         calls, final_text = self._tool_calls_of(session, request)
@@ -282,7 +339,10 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
             response.status = pb.STEP_STATUS_OK
             if session.renderer is not None:
                 budget = request.max_suffix_tokens or None
-                suffix = session.renderer.render_suffix(calls, tool_messages, budget)
+                render = functools.partial(session.renderer.render_suffix, calls, tool_messages, budget)
+                # A big tool output can take several renders to fit the budget: keep that off the loop.
+                big = sum(len(m["content"]) for m in tool_messages) > _OFFLOAD_RENDER_CHARS
+                suffix = await asyncio.to_thread(render) if big else render()
                 if suffix.overflow:
                     response.status = pb.STEP_STATUS_SUFFIX_OVERFLOW
                     response.done = True
@@ -320,6 +380,14 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
                 parsed = session.renderer.parse_completion(list(request.completion_ids), id_prefix=f"call_{request.seq}_")
             except ValueError as e:
                 raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, f"completion_ids: {e}") from e
+            if not parsed.stopped:
+                raise RpcError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    "completion_ids do not end with a stop token "
+                    f"({', '.join(map(str, session.renderer.stop_token_ids))}): the assistant turn is unfinished, "
+                    "so its tool calls are not run. A turn cut by length ends the rollout as truncated; "
+                    "send the ids exactly as generated, stop token included",
+                )
             calls, final_text = list(parsed.tool_calls), parsed.content
         else:
             calls = [ParsedToolCall(id=c.id, name=c.name, arguments=c.arguments, error=None) for c in request.tool_calls]
@@ -354,10 +422,11 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
 # ---------------------------------------------------------------- conversions
 
 
-def _new_session_id() -> str:
-    import uuid
-
-    return uuid.uuid4().hex
+def _retrieve_exception(task: asyncio.Task) -> None:
+    # The handler that started a step may be gone (cancelled); its outcome must not be reported
+    # as "never retrieved".
+    if not task.cancelled():
+        task.exception()
 
 
 def _environment_spec(cls: type[Environment]) -> pb.EnvironmentSpec:

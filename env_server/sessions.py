@@ -13,8 +13,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
 
 from env_server.environments.base import Environment
 
@@ -37,6 +38,12 @@ class SessionNotFound(KeyError):
 
 
 @dataclass
+class InFlightStep:
+    seq: int
+    task: asyncio.Task
+
+
+@dataclass
 class Session:
     id: str
     env_name: str
@@ -46,8 +53,8 @@ class Session:
     hard_ttl_s: float
     opened_at: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
-    # Steps of one session run one at a time (the sandbox is stateful).
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The step now running, if any; steps of one session run one at a time (the sandbox is stateful).
+    inflight: InFlightStep | None = None
     last_seq: int = 0
     last_response: Any = None  # the StepResponse answered for last_seq
     done: bool = False
@@ -59,7 +66,7 @@ class Session:
     def expiry_reason(self, now: float) -> str | None:
         if now - self.opened_at >= self.hard_ttl_s:
             return "hard TTL expired"
-        if now - self.last_used >= self.idle_ttl_s and not self.lock.locked():
+        if now - self.last_used >= self.idle_ttl_s and self.inflight is None:
             return "idle TTL expired"
         return None
 
@@ -73,6 +80,7 @@ class SessionRegistry:
     ) -> None:
         self.max_sessions = max_sessions
         self._sessions: dict[str, Session] = {}
+        self._reserved = 0  # sessions being opened (their sandbox is on its way)
         # Closed ids and why, so a late Step gets "closed (idle TTL expired)" rather than "unknown".
         self._tombstones: OrderedDict[str, str] = OrderedDict()
         self._tombstone_cap = tombstones
@@ -82,8 +90,17 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def has_capacity(self) -> bool:
-        return len(self._sessions) < self.max_sessions
+    @contextmanager
+    def reserve_slot(self) -> Iterator[bool]:
+        """Holds a place for a session being opened; yields False when the server is full."""
+        if len(self._sessions) + self._reserved >= self.max_sessions:
+            yield False
+            return
+        self._reserved += 1
+        try:
+            yield True
+        finally:
+            self._reserved -= 1
 
     def add(self, session: Session) -> None:
         self._sessions[session.id] = session

@@ -14,11 +14,13 @@ class StepStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STEP_STATUS_EPISODE_END: _ClassVar[StepStatus]
     STEP_STATUS_SANDBOX_LOST: _ClassVar[StepStatus]
     STEP_STATUS_SUFFIX_OVERFLOW: _ClassVar[StepStatus]
+    STEP_STATUS_ERROR: _ClassVar[StepStatus]
 STEP_STATUS_UNSPECIFIED: StepStatus
 STEP_STATUS_OK: StepStatus
 STEP_STATUS_EPISODE_END: StepStatus
 STEP_STATUS_SANDBOX_LOST: StepStatus
 STEP_STATUS_SUFFIX_OVERFLOW: StepStatus
+STEP_STATUS_ERROR: StepStatus
 
 class ToolCall(_message.Message):
     __slots__ = ("id", "name", "arguments")
