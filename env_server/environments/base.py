@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, get_type_hints
 
@@ -77,6 +78,8 @@ class ToolSpec:
             },
         }
 
+
+log = logging.getLogger(__name__)
 
 _TOOL_MARK = "__tito_tool__"
 
@@ -183,6 +186,10 @@ class Environment:
             result = await method(args)
         except ToolError as e:
             return ToolOutput(content=f"Error: {e}")
+        except Exception as e:
+            # A bug in a tool is reported to the model and logged; the session and server go on.
+            log.exception("tool %s of environment %s raised", name, self.name)
+            return ToolOutput(content=f"Error: the tool {name!r} failed ({type(e).__name__}: {e}).")
         return result if isinstance(result, ToolOutput) else ToolOutput(content=str(result))
 
 

@@ -27,12 +27,11 @@ def load_environments(module_paths: list[str], use_entry_points: bool = True) ->
     found: dict[str, type[Environment]] = {PythonEnvironment.name: PythonEnvironment}
     if use_entry_points:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
+            # A broken third-party plug-in must not stop the server: log it and go on.
             try:
-                cls = ep.load()
-            except Exception as e:  # a broken third-party plug-in must not stop the server
+                _add(found, ep.load(), f"entry point {ep.name}={ep.value}")
+            except Exception as e:
                 log.error("skipping environment entry point %s (%s): %s", ep.name, ep.value, e)
-                continue
-            _add(found, cls, f"entry point {ep.name}={ep.value}")
     for path in module_paths:
         for cls in _import_path(path):
             _add(found, cls, f"module path {path!r}")

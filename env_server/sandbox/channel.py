@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 
 STDOUT, STDERR = 1, 2
 _STDERR_LOG_CAP = 8 * 1024  # the REPL's own stderr is diagnostic only; keep the log bounded
+_MAX_UNSOLICITED = 16
 
 
 class ChannelClosed(Exception):
@@ -36,6 +37,7 @@ class ReplChannel:
         self._ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._linebuf = bytearray()
         self._stderr_logged = 0
+        self._unsolicited = 0
         self.closed = False
         self.close_reason: str | None = None
         self._task = asyncio.get_running_loop().create_task(self._read_loop(), name=f"chan-{name}")
@@ -66,6 +68,8 @@ class ReplChannel:
             reason = "channel closed"
         except (OSError, ValueError) as exc:
             reason = f"channel error: {exc}"
+        except Exception as exc:  # noqa: BLE001 - whatever the sandbox sends must not kill the reader silently
+            reason = f"channel error: {type(exc).__name__}: {exc}"
         self._shutdown(reason)
 
     def _feed(self, data: bytes) -> None:
@@ -93,11 +97,18 @@ class ReplChannel:
             if not self._ready.done():
                 self._ready.set_result(msg)
             return
-        fut = self._pending.pop(msg.get("id"), None)  # type: ignore[arg-type]
+        rid = msg.get("id")
+        fut = self._pending.pop(rid, None) if type(rid) is int else None
         if fut is not None and not fut.done():
             fut.set_result(msg)
-        elif msg.get("type") == "error":
-            log.warning("sandbox %s: REPL rejected a request: %s", self.name, msg.get("error"))
+            return
+        # Code in the sandbox can write to the protocol fd; a few stray lines are tolerated (and
+        # logged once), a stream of them is a protocol violation that ends the sandbox.
+        self._unsolicited += 1
+        if self._unsolicited == 1:
+            log.warning("sandbox %s: unexpected message on the channel: %s", self.name, line[:200])
+        if self._unsolicited > _MAX_UNSOLICITED:
+            raise ValueError(f"protocol violation: more than {_MAX_UNSOLICITED} unexpected messages from the sandbox")
 
     def _log_stderr(self, data: bytes) -> None:
         if self._stderr_logged < _STDERR_LOG_CAP:

@@ -68,11 +68,6 @@ class SandboxPool:
         return (f"ready: {self.depth} warm of {self.pool_config.target_size}, "
                 f"{self._creating} starting, image {self.sandbox_config.image}")
 
-    @property
-    def live(self) -> int:
-        """Sandboxes made by this instance and not destroyed yet (pooled or handed out)."""
-        return sum(1 for sb in self._made if not sb._destroyed)  # noqa: SLF001
-
     def _labels_filter(self, **extra: str) -> dict[str, list[str]]:
         labels = [f"{LABEL_MANAGED}=1", f"{LABEL_SERVER}={self.server_name}"]
         labels += [f"{k}={v}" for k, v in extra.items()]
@@ -168,8 +163,10 @@ class SandboxPool:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Snapshot before clearing: _made is weak, so pooled sandboxes must stay referenced here.
+        sandboxes = {*self._idle, *self._made}
         self._idle.clear()
-        await asyncio.gather(*(sb.destroy() for sb in list(self._made)), return_exceptions=True)
+        await asyncio.gather(*(sb.destroy() for sb in sandboxes), return_exceptions=True)
         executor, self._executor = self._executor, None
         if executor is not None:
             # Lets cleanups of cancelled creates finish (they remove their own containers).
@@ -238,8 +235,8 @@ class SandboxPool:
             self.failed_total += 1
             self._backoff = min(_MAX_BACKOFF_S, self._backoff * 2 or self.pool_config.retry_backoff_s)
             log.warning("sandbox pool: create failed (%s); retrying in %.1f s", exc, self._backoff)
-            if "not found" in str(exc):
-                self._ready = False  # image removed: back to probing
+            # Daemon gone or image removed? Not ready (health follows) until a probe succeeds again.
+            await self._probe()
         else:
             self._backoff = 0.0
             if self._closed:
