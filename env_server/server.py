@@ -17,6 +17,7 @@ from env_server.config import ServerConfig
 from env_server.environments.loader import load_environments
 from env_server.metrics import ServerMetrics
 from env_server.rendering import TokenizerRegistry
+from env_server.rendering.selfcheck import renderer_self_check
 from env_server.sandbox.pool import SandboxPool
 from env_server.service import EnvironmentService
 from env_server.sessions import Session, SessionRegistry
@@ -43,6 +44,7 @@ class EnvServer:
         self.sessions = SessionRegistry(self.config.max_sessions, on_closed=self._on_session_closed)
         self.health = health.aio.HealthServicer()
         self.port: int | None = None
+        self.renderer_ready = False
         self._server: grpc.aio.Server | None = None
         self._metrics_http = None
         self._watch: asyncio.Task | None = None
@@ -83,7 +85,13 @@ class EnvServer:
                 self.config.metrics_port, addr=self.config.metrics_host, registry=self.metrics.registry
             )
         self.sessions.start_reaper(self.config.reap_interval_s)
+        renderer_check = asyncio.create_task(asyncio.to_thread(renderer_self_check))
         await self.pool.start()
+        try:
+            await renderer_check
+            self.renderer_ready = True
+        except Exception:
+            log.exception("renderer self-check failed: health stays NOT_SERVING")
         self._watch = asyncio.create_task(self._watch_readiness(), name="readiness")
         log.info(
             "tito env server %s (%s) listening on %s; environments: %s",
@@ -94,10 +102,11 @@ class EnvServer:
         )
 
     async def _watch_readiness(self) -> None:
-        """Health is SERVING only while the sandbox pool can hand out sandboxes."""
+        """Health is SERVING only once the renderer passed its self-check and while the pool can hand
+        out sandboxes."""
         serving: bool | None = None
         while True:
-            ready = self.pool.ready
+            ready = self.renderer_ready and self.pool.ready
             if ready != serving:
                 serving = ready
                 await self._set_health(ready)

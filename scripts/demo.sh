@@ -50,12 +50,7 @@ if [ "$MODE" = compose ] && ! docker compose version >/dev/null 2>&1; then
 fi
 
 serving() {  # is a server SERVING at $TARGET?
-    .venv/bin/python - "$TARGET" <<'PY' >/dev/null 2>&1
-import sys, grpc
-from grpc_health.v1 import health_pb2 as h, health_pb2_grpc as g
-r = g.HealthStub(grpc.insecure_channel(sys.argv[1])).Check(h.HealthCheckRequest(service=""), timeout=2)
-sys.exit(r.status != h.HealthCheckResponse.SERVING)
-PY
+    .venv/bin/python -m env_server.healthcheck "$TARGET" >/dev/null 2>&1
 }
 
 SERVER_PID=
