@@ -37,11 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         "environments": args.environments,
         "log_level": args.log_level,
         "log_format": args.log_format,
+        # Merged into the pool settings from the file and environment, and validated like them.
+        "pool": {"target_size": args.pool_size} if args.pool_size is not None else None,
     }
     try:
         config = load_config(args.config, **overrides)
-        if args.pool_size is not None:
-            config = config.model_copy(update={"pool": config.pool.model_copy(update={"target_size": args.pool_size})})
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """Server configuration: defaults < YAML file < TITO_* environment variables < command-line flags.
 
 Nested fields use a double underscore in environment variables, e.g.
-TITO_SANDBOX__MEM_LIMIT=1g or TITO_POOL__SIZE=8.
+TITO_SANDBOX__MEM_LIMIT=1g or TITO_POOL__TARGET_SIZE=8.
 """
 
 from __future__ import annotations

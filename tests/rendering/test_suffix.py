@@ -9,7 +9,6 @@ render would turn such a string into the control token itself (shown below).
 
 from __future__ import annotations
 
-import json
 
 import pytest
 from jinja2.exceptions import TemplateError

