@@ -8,6 +8,7 @@ import json
 import logging
 import sys
 import time
+from pathlib import Path
 
 from trainer.config import ConfigError, load_config
 from trainer.env_client import EnvError
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     from trainer.train import run_training
+    from trainer.warmstart import WarmStartError
 
     t0 = time.perf_counter()
     try:
@@ -38,8 +40,21 @@ def main(argv: list[str] | None = None) -> int:
     except EnvError as e:
         print(f"env server error: {e}", file=sys.stderr)
         return 1
+    except WarmStartError as e:
+        print(f"warm start failed: {e}", file=sys.stderr)
+        return 1
     last = history[-1] if history else {}
     keys = ("step", "reward_mean", "reward_std", "truncated_frac", "aborted_frac", "tool_calls_mean")
+    if cfg.warm_start.steps > 0:
+        warm = Path(cfg.output_dir) / "warmstart.jsonl"
+        losses = [json.loads(x)["loss"] for x in warm.read_text().splitlines()] if warm.exists() else []
+        if losses:
+            print(f"warm start: {len(losses)} SFT steps, loss {losses[0]:.3f} -> {losses[-1]:.4f}")
+    if len(history) > 1:
+        def _fmt(x):
+            return "nan" if x is None or x != x else f"{x:.3f}"
+        print(f"GRPO reward_mean: step 1 {_fmt(history[0].get('reward_mean'))} -> step "
+              f"{last.get('step')} {_fmt(last.get('reward_mean'))}")
     print(json.dumps({k: last.get(k) for k in keys}))
     print(f"done in {time.perf_counter() - t0:.1f}s; outputs in {cfg.output_dir}")
     return 0

@@ -215,11 +215,12 @@ def test_sandbox_lost_aborts_and_is_dropped_after_retries(server, tok, model):
 
 
 def test_cli_demo_smoke(server, tmp_path):
-    """`python -m trainer --config examples/demo.yaml` against the server, two short steps."""
+    """`python -m trainer --config examples/demo.yaml` against the server: a two-step warm start
+    (demonstrations through the server), then two short GRPO steps."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "trainer", "--config", str(REPO / "examples/demo.yaml"),
            "--output-dir", str(out), "--env-address", server.address, "--steps", "2",
-           "--set", "prompts_per_step=1", "--set", "num_generations=2", "--set", "budget.per_turn=8",
+           "--set", "prompts_per_step=1", "--set", "num_generations=2", "--set", "warm_start.steps=2",
            "--set", "progress=false"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -228,3 +229,8 @@ def test_cli_demo_smoke(server, tmp_path):
     for key in ("reward_mean", "reward_std", "truncated_frac", "aborted_frac", "tool_calls_mean"):
         assert key in lines[-1]
     assert (out / "metrics.png").is_file() and (out / "checkpoint" / "config.json").is_file()
+    warm = [json.loads(x) for x in (out / "warmstart.jsonl").read_text().splitlines()]
+    assert [(m["phase"], m["step"]) for m in warm] == [("warm_start", 1), ("warm_start", 2)]
+    assert all(m["loss"] > 0 for m in warm) and (out / "warmstart.png").is_file()
+    demos = [json.loads(x) for x in (out / "demonstrations.jsonl").read_text().splitlines()]
+    assert demos and all(d["status"] == "completed" and d["env_reward"] == 1.0 for d in demos)

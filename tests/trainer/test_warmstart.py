@@ -1,0 +1,192 @@
+"""Warm start: demonstrations built through a real env server obey the token contract, and SFT on
+them lowers the loss on teacher tokens only.
+
+Real things: an env server subprocess with containers (the tool runs in the sandbox), the offline
+Qwen tokenizer (qwen2_5 template) and the random tiny Qwen3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import math
+
+import pytest
+import torch
+
+from tests.harness import docker_available, start_server
+from trainer.config import WarmStartConfig, load_config
+from trainer.env_client import GrpcEnvClient
+from trainer.model import build_tiny_qwen3, collate
+from trainer.rollout import RolloutLimits
+from trainer.state import Rollout, Status
+from trainer.tasks import PuzzleTask, make_puzzles
+from trainer.warmstart import WarmStartError, build_demonstrations, sft_loss, warm_start
+
+LIMITS = RolloutLimits(budget=512, per_turn_cap=64, reserve=16, max_turns=3)
+
+
+# ---------------------------------------------------------------------- no server
+def test_puzzle_pool_is_deterministic_and_answers_match_the_code():
+    a, b = make_puzzles(8, seed=3), make_puzzles(8, seed=3)
+    assert a == b and a != make_puzzles(8, seed=4)
+    assert len({p["question"] for p in a}) == 8
+    for p in a:  # the locally computed answer is what the demonstrated code prints
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            exec(p["code"], {})
+        assert buf.getvalue().strip() == p["answer"], p
+
+
+def test_puzzle_sampling_covers_the_pool_and_reward_needs_a_tool_call():
+    task = PuzzleTask(seed=0, n=4)
+    specs = task.sample(4, step=1)
+    assert sorted(s.meta["question"] for s in specs) == sorted(p["question"] for p in task.puzzles)
+    assert [s.group for s in specs] == [0, 1, 2, 3]
+    assert specs[0].env_args == {"expected_answer": specs[0].meta["answer"]}
+    r = Rollout(budget=10)
+    r.start([1, 2])
+    r.append_generated([3], [-0.1], "stop", 4)
+    r.complete(env_reward=1.0)
+    assert task.reward(r, None) == 0.0  # right answer from memory, no tool call: no reward
+    r.turns[0].tool_calls = 1
+    assert task.reward(r, None) == 1.0
+    assert PuzzleTask(n=4, require_tool_call=False).reward(
+        Rollout(budget=1, status=Status.COMPLETED, env_reward=1.0), None) == 1.0
+
+
+def test_warm_start_config_defaults_off_and_demo_turns_it_on():
+    from pathlib import Path
+
+    assert load_config(None).warm_start.steps == 0
+    demo = load_config(Path(__file__).resolve().parents[2] / "examples" / "demo.yaml")
+    assert demo.warm_start.steps > 0 and demo.task.name == "puzzles"
+    assert load_config(None, ["warm_start.steps=5", "warm_start.learning_rate=0.01"]).warm_start \
+        == WarmStartConfig(steps=5, learning_rate=0.01)
+
+
+# ---------------------------------------------------------------------- real server
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    why = docker_available()
+    if why:
+        pytest.skip(why)
+    srv = start_server(tmp_path_factory.mktemp("warmstart"), env={"TITO_POOL__TARGET_SIZE": "2"})
+    yield srv
+    srv.terminate()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from tokenizers import Tokenizer
+
+    from tito.tokenizer_assets import build_tokenizer_dir, load_tokenizer_files
+
+    files = load_tokenizer_files(build_tokenizer_dir(template="qwen2_5"))
+    return files, Tokenizer.from_str(files["tokenizer.json"].decode())
+
+
+class Recorder:
+    """Keeps what the real server returned, to check the demonstrations' ids against it."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.prompts: dict[str, list[int]] = {}
+        self.steps: dict[str, list] = {}
+
+    async def open_session(self, environment, messages, env_args):
+        opened = await self.inner.open_session(environment, messages, env_args)
+        self.prompts[opened.session_id] = opened.prompt_ids
+        self.steps[opened.session_id] = []
+        return opened
+
+    async def step(self, session_id, seq, completion_ids, max_suffix_tokens):
+        out = await self.inner.step(session_id, seq, completion_ids, max_suffix_tokens)
+        self.steps[session_id].append(out)
+        return out
+
+    async def close_session(self, session_id):
+        await self.inner.close_session(session_id)
+
+
+async def _demos(server, files, encode, task, limits, model=None):
+    client = GrpcEnvClient(server.address)
+    try:
+        await client.wait_ready(60)
+        reg = await client.register_tokenizer(files)
+        rec = Recorder(client.bind(reg.fingerprint))
+        demos, records = await build_demonstrations(task.demo_specs(), task, encode, rec, "python",
+                                                    limits, reg.stop_token_ids, model=model)
+        return demos, records, rec, reg
+    finally:
+        await client.close()
+
+
+@pytest.fixture(scope="module")
+def built(server, tok):
+    files, tokenizer = tok
+
+    def encode(text):
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    task = PuzzleTask(seed=0, n=2)
+    model = build_tiny_qwen3(seed=0)
+    demos, records, rec, reg = asyncio.run(_demos(server, files, encode, task, LIMITS, model))
+    return task, encode, demos, records, rec, reg, model
+
+
+def test_demonstrations_are_prompt_teacher_suffix_teacher(built):
+    task, encode, demos, records, rec, reg, _ = built
+    assert len(demos) == 2
+    for d, record, puzzle in zip(demos, records, task.puzzles):
+        assert d.status is Status.COMPLETED and d.env_reward == 1.0 and d.tool_calls == 1
+        steps = rec.steps[d.session_id]
+        assert [s.status for s in steps] == ["OK", "EPISODE_END"]
+        # The tool really ran in the sandbox; the answer turn reports what it printed.
+        assert steps[0].tool_messages[0]["content"].strip() == puzzle["answer"]
+        t0 = encode(task.teacher_turn(puzzle, 0, None))
+        t1 = encode(f"The answer is {puzzle['answer']}.<|im_end|>")
+        assert t0[-1] in reg.stop_token_ids and t1[-1] in reg.stop_token_ids
+        prompt, suffix = rec.prompts[d.session_id], steps[0].suffix_ids
+        assert suffix and steps[1].suffix_ids == []
+        assert d.ids == prompt + t0 + suffix + t1
+        assert d.mask == [0] * len(prompt) + [1] * len(t0) + [0] * len(suffix) + [1] * len(t1)
+        assert d.prompt_len == len(prompt)
+        assert all(math.isfinite(x) for x, m in zip(d.logprobs, d.mask) if m == 1)
+        d.check()
+        assert record["teacher_turns"][1] == f"The answer is {puzzle['answer']}.<|im_end|>"
+        assert record["tool_messages"] == [puzzle["answer"]]
+
+
+def test_sft_loss_is_teacher_token_cross_entropy_and_decreases(built):
+    _, _, demos, _, _, _, _ = built
+    model = build_tiny_qwen3(seed=1)
+    # The loss is the mean NLL of exactly the mask-1 tokens (checked on one demonstration
+    # against full logits; the loss itself only projects mask-1 positions).
+    batch = collate(demos[:1], torch.zeros(1), 0, "cpu")
+    with torch.no_grad():
+        loss, n = sft_loss(model, demos[:1], 0, "cpu")
+        logits = model(input_ids=batch.input_ids).logits[:, :-1].float()
+        nll = -torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    sel = batch.mask.bool()
+    assert n == demos[0].num_generated == int(sel.sum())
+    assert float(loss) == pytest.approx(float(nll[sel].mean()), rel=1e-4)
+    history = warm_start(model, demos, WarmStartConfig(steps=5, learning_rate=1e-2), pad_id=0,
+                         device="cpu", progress=False)
+    losses = [m["loss"] for m in history]
+    assert [m["step"] for m in history] == list(range(1, 6))
+    assert all(m["phase"] == "warm_start" for m in history)
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+
+
+def test_teacher_turn_longer_than_the_cap_is_refused(server, tok):
+    files, tokenizer = tok
+
+    def encode(text):
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    tight = RolloutLimits(budget=512, per_turn_cap=12, reserve=16, max_turns=3)
+    with pytest.raises(WarmStartError, match="per_turn"):
+        asyncio.run(_demos(server, files, encode, PuzzleTask(seed=0, n=1), tight))
