@@ -98,9 +98,6 @@ class TrainConfig(_Strict):
     steps: int = Field(10, ge=1, description="Optimizer steps.")
     learning_rate: float = Field(1e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    adam_eps: float = Field(1e-8, gt=0, description="AdamW eps of the GRPO optimizer. Larger values "
-                            "damp the sign-like updates Adam gives parameters whose gradients are "
-                            "tiny and noisy (e.g. the rows of rarely sampled tokens).")
     max_grad_norm: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(8, ge=1, description="Rollouts per forward/backward.")
     temperature: float = Field(1.0, ge=0)

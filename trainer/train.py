@@ -130,7 +130,7 @@ class Trainer:
         self.device = device or next(model.parameters()).device
         self.out = Path(cfg.output_dir)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate,
-                                           weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
+                                           weight_decay=cfg.weight_decay)
         self.loss_cfg = LossConfig(cfg.loss.clip_eps_low, cfg.loss.clip_eps_high, cfg.loss.beta,
                                    cfg.loss.norm)
         self.ref_model = None
