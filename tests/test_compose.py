@@ -87,7 +87,7 @@ def test_compose_publishes_on_loopback_only(compose_server):
 
 
 def test_compose_server_runs_code_in_sandboxes(compose_server):
-    address, project, _ = compose_server
+    address, project, env = compose_server
     stub = pb_grpc.EnvironmentStub(grpc.insecure_channel(address))
     sid = stub.OpenSession(pb.OpenSessionRequest(environment="python"), timeout=60).session_id
     try:
@@ -98,3 +98,7 @@ def test_compose_server_runs_code_in_sandboxes(compose_server):
             assert r.tool_messages[0].content == want
     finally:
         stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+    # The fast channel works from inside the server's container (socket_dir mounted at the same path).
+    logs = subprocess.run(["docker", "compose", "-p", project, "logs", "--no-color"], cwd=REPO, env=env,
+                          capture_output=True, text=True).stdout
+    assert "attach channel" not in logs, logs[-2000:]

@@ -1,8 +1,9 @@
-"""Newline-delimited JSON channel over a container's attached stdio (hijacked Docker socket).
+"""Newline-delimited JSON channel to the REPL: over the container's attached stdio (hijacked
+Docker socket), or over a unix socket the host listens on.
 
-With tty=False Docker multiplexes the container's stdout and stderr on the attach stream as
-frames: an 8-byte header (stream type, 3 zero bytes, big-endian payload length) and the payload.
-What we write goes to the container's stdin unframed. All I/O runs on the event loop; one reader
+On the attach stream (framed=True), with tty=False, Docker multiplexes the container's stdout and
+stderr as frames: an 8-byte header (stream type, 3 zero bytes, big-endian payload length) and the
+payload. What we write goes to the container's stdin unframed. The unix socket carries plain lines. All I/O runs on the event loop; one reader
 task per channel demultiplexes frames and resolves the pending request futures.
 """
 
@@ -27,7 +28,8 @@ class ChannelClosed(Exception):
 
 class ReplChannel:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
-                 name: str, max_line_bytes: int):
+                 name: str, max_line_bytes: int, framed: bool = True):
+        self._framed = framed
         self._reader = reader
         self._writer = writer
         self.name = name
@@ -43,15 +45,21 @@ class ReplChannel:
         self._task = asyncio.get_running_loop().create_task(self._read_loop(), name=f"chan-{name}")
 
     @classmethod
-    async def open(cls, sock: socket.socket, *, name: str, max_line_bytes: int) -> "ReplChannel":
+    async def open(cls, sock: socket.socket, *, name: str, max_line_bytes: int,
+                   framed: bool = True) -> "ReplChannel":
         reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
-        return cls(reader, writer, name=name, max_line_bytes=max_line_bytes)
+        return cls(reader, writer, name=name, max_line_bytes=max_line_bytes, framed=framed)
 
     # -- reading ----------------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
         reason = "EOF on the container's attach stream"
         try:
+            while not self._framed:
+                data = await self._reader.read(1 << 16)
+                if not data:
+                    raise asyncio.IncompleteReadError(b"", None)
+                self._feed(data)
             while True:
                 header = await self._reader.readexactly(8)
                 size = int.from_bytes(header[4:8], "big")

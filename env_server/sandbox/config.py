@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_IMAGE = "tito-sandbox-python:latest"
@@ -51,6 +53,14 @@ class SandboxConfig(BaseModel):
     workdir_size: str = "64m"
     tmp_size: str = "16m"
     tmpfs_options: str = "rw,nosuid,nodev"
+
+    # Channel for calls: "socket" (a unix socket in socket_dir, bind-mounted read-only into the
+    # sandbox; dockerd is not on the path) or "attach" (the container's stdio through dockerd). A
+    # sandbox that cannot reach its socket (server in a container without socket_dir mounted at the
+    # same path) falls back to attach by itself. The attach stream always stays open: it carries the
+    # ready line and is the dead-man switch.
+    channel: Literal["socket", "attach"] = "socket"
+    socket_dir: str = "/run/tito"
 
     # Calls.
     exec_timeout_s: float = Field(30.0, gt=0)

@@ -24,6 +24,7 @@ from docker.types import LogConfig, Ulimit
 from .channel import ChannelClosed, ReplChannel
 from .config import SandboxConfig, parse_bytes
 from .result import ExecResult
+from .socket_channel import SocketEndpoint
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -72,6 +73,15 @@ def describe_exit(state: dict[str, Any], mem_limit: str) -> str:
     return f"REPL exited with code {code}"
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
 def _own_socket(attached: Any) -> socket.socket:
     """Takes the fd out of the SDK's hijacked-socket wrapper so nothing else can close it."""
     raw = getattr(attached, "_sock", attached)
@@ -86,10 +96,14 @@ class Sandbox:
     """A started container with a ready REPL; use `Sandbox.create` (or a `SandboxPool`)."""
 
     def __init__(self, *, client: docker.DockerClient, container_id: str, channel: ReplChannel,
-                 config: SandboxConfig, session_id: str, executor: concurrent.futures.Executor):
+                 config: SandboxConfig, session_id: str, executor: concurrent.futures.Executor,
+                 attach: ReplChannel | None = None):
         self._client = client
         self.container_id = container_id
+        # Calls go over `_channel`; `_attach` (the container's stdio) is the same object in attach
+        # mode, and in socket mode stays open as the dead-man switch and death detector.
         self._channel = channel
+        self._attach = attach or channel
         self.config = config
         self.session_id = session_id
         self._executor = executor
@@ -100,7 +114,8 @@ class Sandbox:
 
     @property
     def alive(self) -> bool:
-        return not self._destroyed and self.lost_reason is None and not self._channel.closed
+        return (not self._destroyed and self.lost_reason is None and not self._channel.closed
+                and not self._attach.closed)
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -110,7 +125,8 @@ class Sandbox:
 
     @staticmethod
     def container_kwargs(config: SandboxConfig, labels: dict[str, str], name: str,
-                         client: docker.DockerClient) -> dict[str, Any]:
+                         client: docker.DockerClient,
+                         endpoint: SocketEndpoint | None = None) -> dict[str, Any]:
         """Arguments for the low-level `APIClient.create_container` (it alone takes stdin_once)."""
         tmpfs_opts = config.tmpfs_options
         uid, _, gid = config.user.partition(":")
@@ -137,6 +153,7 @@ class Sandbox:
                      Ulimit(name="nofile", soft=config.nofile_limit, hard=config.nofile_limit)],
             # The protocol flows through stdout: don't have dockerd write it to disk too.
             log_config=LogConfig(type=LogConfig.types.NONE),
+            binds=endpoint.bind if endpoint else None,
         )
         return dict(
             image=config.image,
@@ -149,7 +166,8 @@ class Sandbox:
             stdin_open=True, tty=False, detach=False,
             use_config_proxy=False,  # never inject the host's proxy settings
             working_dir=config.workdir,
-            environment={"HOME": config.workdir, **config.environment},
+            environment={"HOME": config.workdir, **(endpoint.environment if endpoint else {}),
+                         **config.environment},
             user=config.user,
             hostname="sandbox",
             host_config=host_config,
@@ -163,8 +181,17 @@ class Sandbox:
         session_id = session_id or new_session_id()
         labels = {**config.labels, LABEL_MANAGED: "1", LABEL_SERVER: server_name,
                   LABEL_INSTANCE: instance_id, LABEL_SESSION: session_id}
-        kwargs = cls.container_kwargs(config, labels, container_name(server_name, session_id), client)
         loop = asyncio.get_running_loop()
+        endpoint = None
+        if config.channel == "socket":
+            endpoint = SocketEndpoint(config.socket_dir, instance_id, session_id, config.user, server_name)
+            try:
+                await loop.run_in_executor(executor, endpoint.open)
+            except OSError as exc:
+                _warn_once(f"cannot listen in socket_dir {config.socket_dir!r} ({exc}); sandboxes use the "
+                           "slower attach channel (set sandbox.socket_dir to a writable folder)")
+                endpoint = None
+        kwargs = cls.container_kwargs(config, labels, container_name(server_name, session_id), client, endpoint)
         holder: dict[str, str] = {}
 
         def create_and_start() -> socket.socket:
@@ -199,14 +226,28 @@ class Sandbox:
 
         start = loop.time()
         channel: ReplChannel | None = None
+        calls: ReplChannel | None = None
         cfut = executor.submit(create_and_start)
         try:
             sock = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(cfut)), timeout_s)
             max_line = 6 * (2 * config.output_cap_bytes + 2 * config.value_cap_chars) + (1 << 16)
             channel = await ReplChannel.open(sock, name=session_id[:12], max_line_bytes=max_line)
             left = max(0.1, timeout_s - (loop.time() - start))
-            await asyncio.wait_for(channel.wait_ready(), left)
+            ready = await asyncio.wait_for(channel.wait_ready(), left)
+            calls = channel
+            if endpoint is not None:
+                if ready.get("channel") == "socket":
+                    left = max(0.1, timeout_s - (loop.time() - start))
+                    conn = await endpoint.accept(left)
+                    calls = await ReplChannel.open(conn, name=session_id[:12], max_line_bytes=max_line,
+                                                   framed=False)
+                else:
+                    _warn_once(f"a sandbox could not reach its socket ({ready.get('channel_error')}); "
+                               "sandboxes use the slower attach channel. If the server runs in a container, "
+                               f"mount {config.socket_dir} at the same path in it")
         except BaseException as exc:
+            if calls is not None and calls is not channel:
+                await calls.close()
             if channel is not None:
                 await channel.close()
             # If the SDK call is still blocked, this waits for it in the executor, then cleans up.
@@ -220,8 +261,11 @@ class Sandbox:
             if isinstance(exc, (docker.errors.DockerException, OSError)):
                 raise SandboxError(f"could not start sandbox: {exc}") from exc
             raise
-        return cls(client=client, container_id=holder["id"], channel=channel, config=config,
-                   session_id=session_id, executor=executor)
+        finally:
+            if endpoint is not None:
+                endpoint.close()  # the accepted connection lives on; nothing else may connect
+        return cls(client=client, container_id=holder["id"], channel=calls, config=config,
+                   session_id=session_id, executor=executor, attach=channel)
 
     # -- calls ------------------------------------------------------------------------------------
 
@@ -321,6 +365,7 @@ class Sandbox:
         self.lost_reason = reason
         await self._signal("SIGKILL")
         await self._channel.close()
+        await self._attach.close()
         log.warning("sandbox %s lost: %s", self.session_id[:12], reason)
 
     async def _death_reason(self) -> str:
@@ -357,6 +402,7 @@ class Sandbox:
             return
         self._destroyed = True
         await self._channel.close()
+        await self._attach.close()
         try:
             await self._run(self._client.api.remove_container, self.container_id, force=True)
         except docker.errors.NotFound:

@@ -13,6 +13,7 @@ import docker
 import docker.errors
 
 from .config import BUILD_HINT, PoolConfig, SandboxConfig
+from .socket_channel import remove_instance_dirs
 from .docker_sandbox import (LABEL_INSTANCE, LABEL_MANAGED, LABEL_SERVER, Sandbox, SandboxError)
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,8 @@ class SandboxPool:
 
         try:
             removed = await self._run(do_sweep)
+            await self._run(remove_instance_dirs, self.sandbox_config.socket_dir, self.server_name,
+                            keep=self.instance_id)
         except (docker.errors.DockerException, OSError) as exc:
             log.warning("sweep of leftover sandboxes failed: %s", exc)
             return 0
@@ -187,6 +190,8 @@ class SandboxPool:
                 await asyncio.to_thread(final_sweep)
             except (docker.errors.DockerException, OSError) as exc:
                 log.warning("final sweep failed: %s", exc)
+        await asyncio.to_thread(remove_instance_dirs, self.sandbox_config.socket_dir, self.server_name,
+                                only=self.instance_id)
 
     # -- sandboxes --------------------------------------------------------------------------------
 

@@ -1,9 +1,13 @@
 """tito sandbox REPL server (stdlib only; runs as PID 2 under docker-init).
 
-Protocol: newline-delimited JSON over the process's original stdin/stdout, which the host
-reaches through the container's attach stream.
+Protocol: newline-delimited JSON. The ready line always goes to the original stdout (the host
+reads it on the container's attach stream). The requests and replies then flow either over that
+same stdin/stdout ("stdio"), or, when $TITO_REPL_SOCKET names a unix socket the host listens on
+(bind-mounted read-only), over that socket ("socket": faster, since dockerd relays the attach
+stream). The socket's first line is {"type": "hello", "token": $TITO_REPL_TOKEN}; if the socket
+cannot be reached the REPL says so in its ready line and stays on stdio.
 
-    ready     REPL -> host   {"type": "ready", "pid": ..., "python": "3.12.1"}
+    ready     REPL -> host   {"type": "ready", "pid": ..., "python": "3.12.1", "channel": "socket"}
     request   host -> REPL   {"id": 1, "code": "x = 1", "timeout": 30.0, "cap": 65536, "value_cap": 65536}
     ping      host -> REPL   {"id": 2, "op": "ping"}
     reply     REPL -> host   {"type": "result", "id": 1, "stdout": ..., "stderr": ..., "value": ...,
@@ -24,6 +28,7 @@ import json
 import linecache
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -155,7 +160,13 @@ class Repl:
         # Private protocol fds (os.dup makes them non-inheritable, so subprocesses never get them).
         self.proto_in = os.fdopen(os.dup(0), "rb", buffering=1 << 16)
         self.proto_out = os.dup(1)
+        self.stdio_out = self.proto_out
+        self.channel, self.channel_error = "stdio", None
         os.register_at_fork(after_in_child=self._after_fork_in_child)
+        path = os.environ.pop("TITO_REPL_SOCKET", None)
+        token = os.environ.pop("TITO_REPL_TOKEN", "")  # user code must not see it
+        if path:
+            self._connect_socket(path, token)
 
         self.devnull = os.open(os.devnull, os.O_RDONLY)
         os.set_inheritable(self.devnull, False)
@@ -181,9 +192,40 @@ class Repl:
 
     # -- plumbing -------------------------------------------------------------------------------
 
+    def _connect_socket(self, path, token):
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(5)
+            sock.connect(path)
+            sock.sendall((json.dumps({"type": "hello", "token": token}) + "\n").encode("ascii"))
+            sock.settimeout(None)  # blocking again: the dup below shares the file status flags
+        except OSError as exc:
+            self.channel_error = "%s: %s" % (type(exc).__name__, exc)
+            return
+        fd = os.dup(sock.fileno())  # non-inheritable, like the other protocol fds
+        sock.close()
+        stdin = self.proto_in
+        self.proto_in = os.fdopen(os.dup(fd), "rb", buffering=1 << 16)
+        self.proto_out = fd
+        self.channel = "socket"
+        # stdin stays the dead-man switch: EOF there means the host went away.
+        threading.Thread(target=self._exit_on_eof, args=(stdin,), name="stdin-watch", daemon=True).start()
+        self._stdin_watch = stdin
+
+    @staticmethod
+    def _exit_on_eof(stream):
+        try:
+            while stream.read(65536):
+                pass
+        except OSError:
+            pass
+        os._exit(0)
+
     def _after_fork_in_child(self):
         # A forked child (os.fork, multiprocessing) must never speak the protocol.
-        for fd in (self.proto_out, self.proto_in.fileno()):
+        watch = getattr(self, "_stdin_watch", None)
+        fds = [self.proto_out, self.proto_in.fileno(), self.stdio_out] + ([watch.fileno()] if watch else [])
+        for fd in fds:
             try:
                 os.close(fd)
             except OSError:
@@ -225,11 +267,11 @@ class Repl:
         if self.busy:
             raise TimeoutInterrupt
 
-    def send(self, obj):
+    def send(self, obj, fd=None):
         data = (json.dumps(obj, ensure_ascii=True) + "\n").encode("ascii")
         try:
             while data:
-                n = os.write(self.proto_out, data)
+                n = os.write(self.proto_out if fd is None else fd, data)
                 data = data[n:]
         except OSError:
             os._exit(70)  # the host is gone or the channel was broken: nothing left to serve
@@ -354,7 +396,8 @@ class Repl:
     # -- main loop --------------------------------------------------------------------------------
 
     def serve(self):
-        self.send({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0]})
+        self.send({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0],
+                   "channel": self.channel, "channel_error": self.channel_error}, fd=self.stdio_out)
         while True:
             try:
                 line = self.proto_in.readline(MAX_REQUEST_BYTES)
