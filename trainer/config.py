@@ -45,7 +45,8 @@ class BudgetConfig(_Strict):
 class EnvConfig(_Strict):
     address: str = "127.0.0.1:50051"
     environment: str = "python"
-    rpc_timeout_s: float = Field(120.0, gt=0)
+    # A Step may run several tool calls, each up to the sandbox timeout (30 s + graces by default).
+    rpc_timeout_s: float = Field(600.0, gt=0)
     rpc_retries: int = Field(4, ge=0, description="Retries of one RPC on UNAVAILABLE (same seq).")
     ready_timeout_s: float = Field(120.0, gt=0, description="Wait this long for health SERVING.")
 

@@ -87,7 +87,7 @@ class GrpcEnvClient:
     """One channel to an env server. Transient failures are retried with backoff; anything else
     raises EnvError at once (the caller aborts that rollout, never the batch)."""
 
-    def __init__(self, address: str, *, rpc_timeout_s: float = 120.0, retries: int = 4,
+    def __init__(self, address: str, *, rpc_timeout_s: float = 600.0, retries: int = 4,
                  backoff_s: float = 0.25) -> None:
         self.address = address
         self.rpc_timeout_s = rpc_timeout_s

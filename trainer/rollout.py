@@ -20,6 +20,16 @@ from trainer.state import Rollout, Status, TruncationCause
 log = logging.getLogger(__name__)
 
 
+def rollout_key(index: int) -> str:
+    """The key of the index-th spec of a batch; attempts append "#<attempt>" (see spec_index)."""
+    return f"r{index}"
+
+
+def spec_index(key: str) -> int:
+    """The spec index a generation request's key belongs to (for scripted policies)."""
+    return int(key[1:].split("#", 1)[0])
+
+
 @dataclass(frozen=True)
 class RolloutLimits:
     budget: int  # context budget: len(ids) never exceeds it
@@ -235,7 +245,7 @@ class RolloutRunner:
     async def run_batch(self, specs: list[RolloutSpec]) -> tuple[list[Rollout], BatchStats]:
         stats = BatchStats()
         results = await asyncio.gather(
-            *(self.run_with_retries(s, stats, key=f"r{i}") for i, s in enumerate(specs)))
+            *(self.run_with_retries(s, stats, key=rollout_key(i)) for i, s in enumerate(specs)))
         if stats.dropped:
             log.warning("dropped %d of %d rollouts after %d retries (reasons: %s)", stats.dropped,
                         len(specs), self.limits.retries, sorted(set(stats.abort_reasons))[:5])

@@ -46,8 +46,7 @@ class TeacherTask(Protocol):
 
     def demo_specs(self) -> list[RolloutSpec]: ...
 
-    def teacher_turn(self, meta: dict[str, Any], turn: int,
-                     tool_messages: list[dict[str, str]] | None) -> str: ...
+    def teacher_turn(self, meta: dict[str, Any], turn: int) -> str: ...
 
 
 def tool_call_text(code: str) -> str:
@@ -56,19 +55,16 @@ def tool_call_text(code: str) -> str:
         "\n</tool_call><|im_end|>"
 
 
-def answer_from_tool(meta: dict[str, Any], turn: int, tool_messages: list[dict[str, str]] | None
-                     ) -> str:
-    """The scripted two-turn policy: call the tool with meta['code'], then report its output."""
+def scripted_turn(meta: dict[str, Any], turn: int) -> str:
+    """The scripted two-turn policy: call the tool with meta['code'], then give meta['answer'].
+
+    The answer is the task's own, not text taken from the tool message, so no environment text
+    is ever encoded into trained ids; the env still scores the answer, and a demonstration whose
+    sandbox output disagrees earns reward 0 and is refused by the warm start."""
     if turn == 0:
         return tool_call_text(meta["code"])
     if turn == 1:
-        if not tool_messages:
-            raise ValueError("the teacher's answer turn needs the tool message of turn 1")
-        out = tool_messages[-1].get("content", "").strip()
-        # The tool output as the sandbox printed it (its last line), not the locally known answer:
-        # if the two disagree the env scores the demonstration 0 and the warm start refuses it.
-        last = out.splitlines()[-1].strip() if out else ""
-        return f"The answer is {last}.<|im_end|>"
+        return f"The answer is {meta['answer']}.<|im_end|>"
     raise ValueError(f"the teacher has no turn {turn}")
 
 
@@ -114,8 +110,8 @@ class ArithmeticTask:
         # Questions from a step index GRPO never samples (steps count from 1).
         return self.sample(self.demos, step=-1)
 
-    def teacher_turn(self, meta, turn, tool_messages) -> str:
-        return answer_from_tool(meta, turn, tool_messages)
+    def teacher_turn(self, meta, turn) -> str:
+        return scripted_turn(meta, turn)
 
     def reward(self, rollout: Rollout, decode: Decode | None) -> float:
         if rollout.status is not Status.COMPLETED:
@@ -230,8 +226,8 @@ class PuzzleTask:
     def demo_specs(self) -> list[RolloutSpec]:
         return [self._spec(g, p) for g, p in enumerate(self.puzzles)]
 
-    def teacher_turn(self, meta, turn, tool_messages) -> str:
-        return answer_from_tool(meta, turn, tool_messages)
+    def teacher_turn(self, meta, turn) -> str:
+        return scripted_turn(meta, turn)
 
     def reward(self, rollout: Rollout, decode: Decode | None) -> float:
         if rollout.status is not Status.COMPLETED:

@@ -9,8 +9,8 @@ A demonstration is an ordinary `Rollout`, collected by the ordinary rollout loop
   output: the invariant (the trainer never decodes and re-encodes what the model generated or the
   env rendered) still holds;
 - the tool really runs in the sandbox, and the ids between turns are the server's `suffix_ids`,
-  appended verbatim with mask 0. The answer turn is written from the tool message the server
-  returned, so a demonstration's final answer is whatever the sandbox computed.
+  appended verbatim with mask 0. The answer turn states the task's known answer (never text
+  taken from a tool message), and the env must score it 1: the sandbox computed the same.
 
 So demonstrations obey the same token contract and have the same ids/mask structure as GRPO
 rollouts. A demonstration must complete, call a tool, and (where the env scores) earn reward 1,
@@ -36,7 +36,7 @@ from trainer.backends.scripted import ScriptedBackend
 from trainer.config import WarmStartConfig
 from trainer.env_client import EnvClient, OpenedSession, StepOutcome
 from trainer.model import collate, target_logprobs
-from trainer.rollout import GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
+from trainer.rollout import GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec, spec_index
 from trainer.state import Rollout, Status
 
 log = logging.getLogger(__name__)
@@ -48,30 +48,22 @@ class WarmStartError(RuntimeError):
     pass
 
 
-class _ToolMessageRecorder:
-    """Passes calls through to the env and remembers, for every context the rollout reaches
-    after a Step (prompt + turns + suffixes so far), the tool messages the server returned.
-    The teacher looks its next turn's input up by the exact ids of the generation request."""
+class _StepRecorder:
+    """Passes calls through to the env and keeps each session's Step outcomes (for the record
+    of each demonstration)."""
 
     def __init__(self, inner: EnvClient) -> None:
         self.inner = inner
-        self._ctx: dict[str, list[int]] = {}
-        self.tool_messages: dict[tuple[int, ...], list[dict[str, str]]] = {}
         self.steps: dict[str, list[StepOutcome]] = {}
 
     async def open_session(self, environment, messages, env_args) -> OpenedSession:
         opened = await self.inner.open_session(environment, messages, env_args)
-        self._ctx[opened.session_id] = list(opened.prompt_ids)
         self.steps[opened.session_id] = []
         return opened
 
     async def step(self, session_id, seq, completion_ids, max_suffix_tokens) -> StepOutcome:
         out = await self.inner.step(session_id, seq, completion_ids, max_suffix_tokens)
         self.steps[session_id].append(out)
-        ctx = self._ctx[session_id]
-        ctx.extend(completion_ids)
-        ctx.extend(out.suffix_ids)
-        self.tool_messages[tuple(ctx)] = list(out.tool_messages)
         return out
 
     async def close_session(self, session_id) -> None:
@@ -84,21 +76,16 @@ async def build_demonstrations(
 ) -> tuple[list[Rollout], list[dict[str, Any]]]:
     """Run the teacher over `specs` through the env; returns (demonstrations, a record of each).
 
-    `teacher.teacher_turn(meta, turn, tool_messages)` gives the assistant text of each turn.
+    `teacher.teacher_turn(meta, turn)` gives the assistant text of each turn.
     With `model`, each demonstration's logprobs are the model's teacher-forced logprobs (for
     inspection; SFT does not use them), else -1.0.
     """
-    recorder = _ToolMessageRecorder(env)
+    recorder = _StepRecorder(env)
     texts: dict[tuple[int, int], str] = {}
 
     def script(req: GenRequest) -> list[int]:
-        which = int(req.key[1:].split("#")[0])  # run_batch keys rollouts "r<index>#<attempt>"
-        msgs = None
-        if req.turn > 0:
-            msgs = recorder.tool_messages.get(tuple(req.prompt_ids))
-            if msgs is None:
-                raise WarmStartError(f"demonstration {which}: no tool message for turn {req.turn}")
-        text = teacher.teacher_turn(specs[which].meta, req.turn, msgs)
+        which = spec_index(req.key)
+        text = teacher.teacher_turn(specs[which].meta, req.turn)
         texts[(which, req.turn)] = text
         return encode(text)
 

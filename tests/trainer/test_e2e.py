@@ -12,7 +12,6 @@ import asyncio
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from tests.harness import REPO, docker_available, start_server
 from trainer.backends.scripted import ScriptedBackend
 from trainer.env_client import GrpcEnvClient
 from trainer.model import build_tiny_qwen3, collate, target_logprobs
-from trainer.rollout import BatchStats, GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
+from trainer.rollout import GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
 from trainer.state import Status, TruncationCause
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -145,7 +145,7 @@ def test_demonstrations_are_prompt_teacher_suffix_teacher(built):
         assert [s.status for s in steps] == ["OK", "EPISODE_END"]
         # The tool really ran in the sandbox; the answer turn reports what it printed.
         assert steps[0].tool_messages[0]["content"].strip() == puzzle["answer"]
-        t0 = encode(task.teacher_turn(puzzle, 0, None))
+        t0 = encode(task.teacher_turn(puzzle, 0))
         t1 = encode(f"The answer is {puzzle['answer']}.<|im_end|>")
         assert t0[-1] in reg.stop_token_ids and t1[-1] in reg.stop_token_ids
         prompt, suffix = rec.prompts[d.session_id], steps[0].suffix_ids
