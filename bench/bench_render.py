@@ -22,17 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from env_server.rendering import TokenizerRegistry  # noqa: E402
 from tito.tokenizer_assets import build_tokenizer_dir, load_tokenizer_files  # noqa: E402
+from tests.rendering.helpers import TOOLS  # noqa: E402
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "run_python",
-            "description": "Run Python code.",
-            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
-        },
-    }
-]
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from tests.harness import REPO, docker_available, start_server
+from tests.harness import REPO
 from trainer.backends.scripted import ScriptedBackend
 from trainer.env_client import GrpcEnvClient
 from trainer.model import build_tiny_qwen3, collate, target_logprobs
@@ -26,26 +26,6 @@ from trainer.state import Status, TruncationCause
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 MESSAGES = [{"role": "user", "content": "What is 6 * 7? Use run_python."}]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    why = docker_available()
-    if why:
-        pytest.skip(why)
-    srv = start_server(tmp_path_factory.mktemp("trainer-e2e"), env={"TITO_POOL__TARGET_SIZE": "3"})
-    yield srv
-    srv.terminate()
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from tokenizers import Tokenizer
-
-    from tito.tokenizer_assets import build_tokenizer_dir, load_tokenizer_files
-
-    files = load_tokenizer_files(build_tokenizer_dir(template="qwen2_5"))
-    return files, Tokenizer.from_str(files["tokenizer.json"].decode())
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import math
 import pytest
 import torch
 
-from tests.harness import docker_available, start_server
 from trainer.config import WarmStartConfig, load_config
 from trainer.env_client import GrpcEnvClient
 from trainer.model import build_tiny_qwen3, collate
@@ -67,26 +66,6 @@ def test_warm_start_config_defaults_off_and_demo_turns_it_on():
 
 
 # ---------------------------------------------------------------------- real server
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    why = docker_available()
-    if why:
-        pytest.skip(why)
-    srv = start_server(tmp_path_factory.mktemp("warmstart"), env={"TITO_POOL__TARGET_SIZE": "2"})
-    yield srv
-    srv.terminate()
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from tokenizers import Tokenizer
-
-    from tito.tokenizer_assets import build_tokenizer_dir, load_tokenizer_files
-
-    files = load_tokenizer_files(build_tokenizer_dir(template="qwen2_5"))
-    return files, Tokenizer.from_str(files["tokenizer.json"].decode())
-
-
 class Recorder:
     """Keeps what the real server returned, to check the demonstrations' ids against it."""
 
