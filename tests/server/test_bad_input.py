@@ -195,3 +195,25 @@ def test_parallel_calls_run_in_order_in_one_step(stub):
         assert [m.tool_call_id for m in r.tool_messages] == ["a", "b", "call_1_2"]
     finally:
         stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+
+
+def test_register_tokenizer_refusals_are_clear_statuses(stub):
+    from tito.tokenizer_assets import build_tokenizer_files
+
+    err = status_of(lambda: stub.RegisterTokenizer(
+        pb.RegisterTokenizerRequest(files={"tokenizer_config.json": b"{}"})))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "tokenizer.json is required" in err.details()
+
+    glm = build_tokenizer_files(template="glm4moe")
+    err = status_of(lambda: stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=glm), timeout=120))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "<|observation|>" in err.details()
+
+    qwen = build_tokenizer_files(template="qwen2_5")
+    err = status_of(lambda: stub.RegisterTokenizer(
+        pb.RegisterTokenizerRequest(files=qwen, chat_template_kwargs_json="[1]")))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "JSON object" in err.details()
+
+    # The server keeps serving: the same call with good input succeeds, idempotently.
+    a = stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=qwen), timeout=120)
+    b = stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=qwen), timeout=120)
+    assert a.fingerprint == b.fingerprint and a.template_family == "qwen" and list(a.stop_token_ids)
