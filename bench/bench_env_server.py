@@ -40,6 +40,16 @@ def call(seq: int, code: str) -> pb.ToolCall:
     return pb.ToolCall(id=str(seq), name="run_python", arguments=json.dumps({"code": code}))
 
 
+def wait_for_pool(server_name: str, size: int, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    with tqdm(total=size, desc="filling the warm pool", leave=False) as bar:
+        while (n := len(containers_of(server_name))) < size and time.monotonic() < deadline:
+            bar.n = n
+            bar.refresh()
+            time.sleep(0.5)
+    time.sleep(1.0)  # the last ones finish starting
+
+
 def bench_step_latency(stub, server_name: str, steps: int) -> None:
     sid = stub.OpenSession(pb.OpenSessionRequest(environment="python")).session_id
     stub.Step(pb.StepRequest(session_id=sid, seq=1, tool_calls=[call(1, "x = 0")]))
@@ -132,10 +142,10 @@ def main() -> int:
                         args=["--metrics-port", "0"])
     try:
         print(f"machine: {docker.from_env().info()['NCPU']} CPUs; servers {warm.address} (warm) {cold.address} (cold)")
+        wait_for_pool(warm.server_name, args.sessions)  # no container starts in the background while timing
         bench_step_latency(warm.stub(), warm.server_name, args.steps)
         bench_open_latency(warm.stub(), cold.stub(), args.opens)
-        # Let the pool fill to the session count before the burst.
-        time.sleep(min(60, 0.25 * args.sessions))
+        wait_for_pool(warm.server_name, args.sessions)
         asyncio.run(bench_throughput(warm.address, args.sessions, args.steps_per_session))
     finally:
         warm.terminate()

@@ -14,6 +14,7 @@ import pytest
 
 from env_server.sandbox import PoolConfig, Sandbox, SandboxConfig, SandboxPool
 from env_server.sandbox.config import BUILD_HINT, DEFAULT_IMAGE
+from env_server.sandbox.socket_channel import remove_instance_dirs
 
 docker = pytest.importorskip("docker")
 
@@ -52,6 +53,14 @@ def docker_ok() -> None:
 @pytest.fixture(scope="session")
 def server_name() -> str:
     return SERVER_NAME
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_socket_dirs() -> None:
+    """Sandboxes made outside a pool (and pools abandoned on purpose) leave their per-instance socket
+    folders behind; a real server's start-up sweep would remove them, this test session does it."""
+    yield
+    remove_instance_dirs(SandboxConfig().socket_dir, SERVER_NAME)
 
 
 @pytest.fixture(scope="session")

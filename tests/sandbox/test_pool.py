@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from env_server.sandbox.socket_channel import remove_instance_dirs
 from env_server.sandbox import PoolConfig, SandboxPool, SandboxUnavailable
 from env_server.sandbox.docker_sandbox import LABEL_INSTANCE, LABEL_SERVER, LABEL_SESSION
 
@@ -160,3 +161,4 @@ def test_dead_server_leaves_no_running_sandbox(docker_client, docker_ok):
             time.sleep(0.1)
     finally:
         docker_client.api.remove_container(cid, force=True)
+        remove_instance_dirs(SandboxConfig().socket_dir, name)
