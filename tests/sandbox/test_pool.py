@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 
-from env_server.sandbox.socket_channel import remove_instance_dirs
-from env_server.sandbox import PoolConfig, SandboxPool, SandboxUnavailable
+from env_server.sandbox import PoolConfig, SandboxConfig, SandboxPool, SandboxUnavailable
 from env_server.sandbox.docker_sandbox import LABEL_INSTANCE, LABEL_SERVER, LABEL_SESSION
+from env_server.sandbox.socket_channel import remove_instance_dirs
 
 from .conftest import SERVER_NAME, containers_with, fast_config
 
