@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from tests.harness import REPO
+from tests.trainer.recording import Recorder
+from trainer.tasks import tool_call_text as call
 from trainer.backends.scripted import ScriptedBackend
 from trainer.env_client import GrpcEnvClient
 from trainer.model import build_tiny_qwen3, collate, target_logprobs
@@ -31,42 +33,6 @@ MESSAGES = [{"role": "user", "content": "What is 6 * 7? Use run_python."}]
 @pytest.fixture(scope="module")
 def model():
     return build_tiny_qwen3(seed=0).eval()
-
-
-def call(code: str) -> str:
-    return '<tool_call>\n' + json.dumps({"name": "run_python", "arguments": {"code": code}}) + \
-        '\n</tool_call><|im_end|>'
-
-
-class Recorder:
-    """Passes every call through to the real client and keeps what the server returned."""
-
-    def __init__(self, inner, sabotage_first_step: bool = False) -> None:
-        self.inner = inner
-        self.prompts: dict[str, list[int]] = {}
-        self.steps: dict[str, list] = {}
-        self.closed: list[str] = []
-        self.sabotage = sabotage_first_step
-
-    async def open_session(self, environment, messages, env_args):
-        opened = await self.inner.open_session(environment, messages, env_args)
-        self.prompts[opened.session_id] = opened.prompt_ids
-        self.steps[opened.session_id] = []
-        return opened
-
-    async def step(self, session_id, seq, completion_ids, max_suffix_tokens):
-        if self.sabotage:
-            # A session the server does not know: the real server answers NOT_FOUND, as after
-            # a restart. Only this rollout may abort; its retry must start clean.
-            self.sabotage = False
-            return await self.inner.step("no-such-session", seq, completion_ids, max_suffix_tokens)
-        out = await self.inner.step(session_id, seq, completion_ids, max_suffix_tokens)
-        self.steps[session_id].append(out)
-        return out
-
-    async def close_session(self, session_id):
-        self.closed.append(session_id)
-        await self.inner.close_session(session_id)
 
 
 async def _connect(server, files):

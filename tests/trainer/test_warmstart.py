@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+from tests.trainer.recording import Recorder
 from trainer.config import WarmStartConfig, load_config
 from trainer.env_client import GrpcEnvClient
 from trainer.model import build_tiny_qwen3, collate
@@ -66,29 +67,6 @@ def test_warm_start_config_defaults_off_and_demo_turns_it_on():
 
 
 # ---------------------------------------------------------------------- real server
-class Recorder:
-    """Keeps what the real server returned, to check the demonstrations' ids against it."""
-
-    def __init__(self, inner) -> None:
-        self.inner = inner
-        self.prompts: dict[str, list[int]] = {}
-        self.steps: dict[str, list] = {}
-
-    async def open_session(self, environment, messages, env_args):
-        opened = await self.inner.open_session(environment, messages, env_args)
-        self.prompts[opened.session_id] = opened.prompt_ids
-        self.steps[opened.session_id] = []
-        return opened
-
-    async def step(self, session_id, seq, completion_ids, max_suffix_tokens):
-        out = await self.inner.step(session_id, seq, completion_ids, max_suffix_tokens)
-        self.steps[session_id].append(out)
-        return out
-
-    async def close_session(self, session_id):
-        await self.inner.close_session(session_id)
-
-
 async def _demos(server, files, encode, task, limits, model=None):
     client = GrpcEnvClient(server.address)
     try:
