@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from env_server.rendering import TokenizerRegistry  # noqa: E402
-from tito.tokenizer_assets import build_tokenizer_dir, load_tokenizer_files  # noqa: E402
+from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files  # noqa: E402
 from tests.rendering.helpers import TOOLS  # noqa: E402
 
 

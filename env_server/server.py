@@ -21,6 +21,7 @@ from env_server.rendering.selfcheck import renderer_self_check
 from env_server.sandbox.pool import SandboxPool
 from env_server.service import EnvironmentService
 from env_server.sessions import Session, SessionRegistry
+from tito.channel_options import server_options
 from tito.v1 import environment_pb2 as pb
 from tito.v1 import environment_pb2_grpc as pb_grpc
 
@@ -55,16 +56,7 @@ class EnvServer:
         return f"{self.config.host}:{self.port}"
 
     async def start(self) -> None:
-        opts = [
-            ("grpc.max_receive_message_length", self.config.max_message_bytes),
-            ("grpc.max_send_message_length", self.config.max_message_bytes),
-            # Keep-alive settings the trainer's client mirrors, so idle channels are not torn down mid-run.
-            ("grpc.keepalive_time_ms", 30_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-        ]
-        server = grpc.aio.server(options=opts)
+        server = grpc.aio.server(options=server_options(self.config.max_message_bytes))
         service = EnvironmentService(
             self.config, self.environments, self.pool, self.tokenizers, self.sessions, self.metrics
         )

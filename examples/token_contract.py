@@ -19,7 +19,7 @@ import grpc
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tito.fingerprint import compute_fingerprint  # noqa: E402
-from tito.tokenizer_assets import build_tokenizer_dir, load_tokenizer_files  # noqa: E402
+from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files  # noqa: E402
 from tito.v1 import environment_pb2 as pb  # noqa: E402
 from tito.v1 import environment_pb2_grpc as pb_grpc  # noqa: E402
 

@@ -51,7 +51,7 @@ class TokenizerInfo:
         if cfg.tokenizer.dir:
             directory = Path(cfg.tokenizer.dir)
         else:
-            from tito.tokenizer_assets import build_tokenizer_dir
+            from tito_assets.qwen_tokenizer import build_tokenizer_dir
 
             # One-off setup: the offline Qwen tokenizer with a trl chat template (no hub).
             directory = build_tokenizer_dir(template=cfg.tokenizer.template)

@@ -10,7 +10,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 from env_server.rendering import ParsedToolCall, RenderingContext, TokenizerRegistry
-from tito.tokenizer_assets import build_tokenizer_dir, load_tokenizer_files
+from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
 
 TEMPLATES = ["qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3_1", "gptoss"]
 

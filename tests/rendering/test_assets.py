@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tito.tokenizer_assets import QWEN_SPECIAL_TOKENS, build_tokenizer_dir, check_qwen_encodings
+from tito_assets.qwen_tokenizer import QWEN_SPECIAL_TOKENS, build_tokenizer_dir, check_qwen_encodings
 
 from .helpers import ctx_for
 

@@ -12,7 +12,7 @@ from env_server.rendering import (
     UnsupportedTemplateError,
 )
 from tito import fingerprint as fp
-from tito.tokenizer_assets import build_tokenizer_dir, load_tokenizer_files
+from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
 
 from .helpers import REGISTRY, ctx_for, files_for
 

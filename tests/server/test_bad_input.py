@@ -198,7 +198,7 @@ def test_parallel_calls_run_in_order_in_one_step(stub):
 
 
 def test_register_tokenizer_refusals_are_clear_statuses(stub):
-    from tito.tokenizer_assets import build_tokenizer_files
+    from tito_assets.qwen_tokenizer import build_tokenizer_files
 
     err = status_of(lambda: stub.RegisterTokenizer(
         pb.RegisterTokenizerRequest(files={"tokenizer_config.json": b"{}"})))

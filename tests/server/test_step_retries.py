@@ -61,7 +61,7 @@ def test_next_seq_while_a_step_runs_is_refused(stub, session):
 
 
 def test_unfinished_turn_is_refused_before_tools_run(stub):
-    from tito.tokenizer_assets import build_tokenizer_files
+    from tito_assets.qwen_tokenizer import build_tokenizer_files
 
     from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer

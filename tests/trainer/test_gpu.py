@@ -30,7 +30,7 @@ def _tool_turn_ids(tokenizer) -> list[int]:
 
 def test_cuda_backend_multi_turn_with_tools_logprobs_match(tmp_path):
     from tests.harness import docker_available, start_server
-    from tito.tokenizer_assets import build_tokenizer_dir, load_tokenizer_files
+    from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
     from tokenizers import Tokenizer
     from trainer.backends.hf import TransformersBackend
     from trainer.env_client import GrpcEnvClient
