@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from env_server.config import ServerConfig
+from env_server.engine import Engine
 from env_server.environments.loader import load_environments
 from env_server.metrics import ServerMetrics
 from env_server.rendering import TokenizerRegistry
@@ -57,9 +58,8 @@ class EnvServer:
 
     async def start(self) -> None:
         server = grpc.aio.server(options=server_options(self.config.max_message_bytes))
-        service = EnvironmentService(
-            self.config, self.environments, self.pool, self.tokenizers, self.sessions, self.metrics
-        )
+        engine = Engine(self.config, self.environments, self.pool, self.tokenizers, self.sessions, self.metrics)
+        service = EnvironmentService(engine)
         pb_grpc.add_EnvironmentServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

@@ -1,10 +1,8 @@
-"""Session registry: one live episode per session, with leases.
+"""Session registry: the live sessions and their leases.
 
-A session holds its environment instance (and through it, its sandbox), the
-renderer it was opened with, and the last Step answer so that a retried Step
-with the same seq gets the same answer without running anything twice.
-Leases: an idle TTL (refreshed by every call) and a hard TTL (from opening);
-a reaper closes expired sessions, so a client that dies leaves nothing behind.
+A session is an episode (its environment, sandbox and step state; `episode.py`) plus a lease:
+an idle TTL (refreshed by every call and by the end of every step) and a hard TTL (from
+opening). A reaper closes expired sessions, so a client that dies leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -15,50 +13,23 @@ import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterator
+from typing import Awaitable, Callable, Iterator
 
-from env_server.environments.base import Environment
-
-if TYPE_CHECKING:
-    from env_server.rendering import RenderingContext
+from env_server.episode import Episode
+from env_server.errors import SessionNotFound
 
 log = logging.getLogger(__name__)
-
-
-class SessionNotFound(KeyError):
-    def __init__(self, session_id: str, reason: str | None) -> None:
-        self.session_id = session_id
-        self.reason = reason
-        super().__init__(session_id)
-
-    def __str__(self) -> str:
-        if self.reason:
-            return f"session {self.session_id!r} was closed ({self.reason}); open a new session"
-        return f"unknown session {self.session_id!r}; open a session with OpenSession first"
-
-
-@dataclass
-class InFlightStep:
-    seq: int
-    task: asyncio.Task
 
 
 @dataclass
 class Session:
     id: str
     env_name: str
-    env: Environment
-    renderer: RenderingContext | None
+    episode: Episode
     idle_ttl_s: float
     hard_ttl_s: float
     opened_at: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
-    # The step now running, if any; steps of one session run one at a time (the sandbox is stateful).
-    inflight: InFlightStep | None = None
-    last_seq: int = 0
-    last_response: Any = None  # the StepResponse answered for last_seq
-    done: bool = False
-    tool_calls_made: int = 0
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -66,7 +37,8 @@ class Session:
     def expiry_reason(self, now: float) -> str | None:
         if now - self.opened_at >= self.hard_ttl_s:
             return "hard TTL expired"
-        if now - self.last_used >= self.idle_ttl_s and self.inflight is None:
+        idle_since = max(self.last_used, self.episode.settled_at)
+        if now - idle_since >= self.idle_ttl_s and not self.episode.busy:
             return "idle TTL expired"
         return None
 
@@ -156,9 +128,10 @@ class SessionRegistry:
 
 async def _teardown(session: Session) -> None:
     """Environment hook first, then the sandbox; failures are logged, never raised."""
-    steps: list[Callable[[], Awaitable[None]]] = [session.env.close]
-    if session.env.sandbox is not None:
-        steps.append(session.env.sandbox.destroy)
+    env = session.episode.env
+    steps: list[Callable[[], Awaitable[None]]] = [env.close]
+    if env.sandbox is not None:
+        steps.append(env.sandbox.destroy)
     for step in steps:
         try:
             await step()

@@ -102,6 +102,20 @@ class Message:
     def tool_result(cls, call: ToolCall, content: str) -> Message:
         return cls(role=Role.TOOL, content=content, name=call.name, tool_call_id=call.id)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The OpenAI-style dict (empty optional fields left out; call arguments as JSON text)."""
+        d: dict[str, Any] = {"role": str(self.role), "content": self.content}
+        if self.name:
+            d["name"] = self.name
+        if self.tool_call_id:
+            d["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                               for c in self.tool_calls]
+        if self.reasoning_content:
+            d["reasoning_content"] = self.reasoning_content
+        return d
+
     @classmethod
     def coerce(cls, m: Message | dict[str, Any]) -> Message:
         """Accepts an OpenAI-style dict ({"role": "user", "content": ...}) as well as a Message."""

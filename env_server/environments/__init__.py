@@ -1,5 +1,6 @@
 """Tool environments: the plug-in API (base.py), the built-in `python` environment, and discovery."""
 
-from env_server.environments.base import Environment, NoEnvArgs, ToolError, ToolOutput, tool
+from env_server.environments.base import Environment, NoEnvArgs, ToolError, tool
+from tito.types import ToolResult
 
-__all__ = ["Environment", "NoEnvArgs", "ToolError", "ToolOutput", "tool"]
+__all__ = ["Environment", "NoEnvArgs", "ToolError", "ToolResult", "tool"]

@@ -2,7 +2,7 @@
 
 An environment is a class with tools. A tool is an async method decorated with
 `@tool` that takes one pydantic model (its arguments) and returns a string or a
-`ToolOutput`. The model's JSON Schema is what ListEnvironments reports and what
+`ToolResult` (`tito.types`). The model's JSON Schema is what ListEnvironments reports and what
 the arguments the model wrote are validated against.
 
     class Calculator(Environment):
@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, get_type_h
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from tito.types import EnvironmentInfo, ToolCall, ToolResult, ToolSpec
+
 if TYPE_CHECKING:
     from env_server.sandbox.docker_sandbox import Sandbox
 
@@ -39,44 +41,17 @@ class NoEnvArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class ToolOutput(BaseModel):
-    """What one tool call produced, as the model will see it."""
-
-    content: str
-    # Output was cut while produced (the sandbox's per-stream cap).
-    truncated: bool = False
-    # The environment considers the episode over after this call.
-    done: bool = False
-    reward: float | None = None
-    # The session's sandbox died; the session cannot go on.
-    lost: bool = False
-    lost_reason: str | None = None
-
-
 class ToolError(Exception):
     """Raise inside a tool to send the model an error message (the episode goes on)."""
 
 
 @dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    description: str
+class BoundTool:
+    """A tool of an environment class: its public spec and the method that runs it."""
+
+    spec: ToolSpec
     args_model: type[BaseModel]
     method_name: str
-
-    def parameters_schema(self) -> dict[str, Any]:
-        return self.args_model.model_json_schema()
-
-    def openai_spec(self) -> dict[str, Any]:
-        """The OpenAI-style function spec that chat templates render."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters_schema(),
-            },
-        }
 
 
 log = logging.getLogger(__name__)
@@ -106,11 +81,11 @@ class Environment:
     # True: each session gets its own sandbox container from the warm pool.
     needs_sandbox: ClassVar[bool] = False
 
-    _tool_specs: ClassVar[dict[str, ToolSpec]]
+    _tools: ClassVar[dict[str, BoundTool]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        specs: dict[str, ToolSpec] = {}
+        tools: dict[str, BoundTool] = {}
         for attr, member in inspect.getmembers(cls, inspect.iscoroutinefunction):
             mark = getattr(member, _TOOL_MARK, None)
             if mark is None:
@@ -126,8 +101,9 @@ class Environment:
             if not (isinstance(model, type) and issubclass(model, BaseModel)):
                 raise TypeError(f"tool {cls.__name__}.{attr}: argument type must be a pydantic BaseModel")
             doc = mark["description"] or inspect.getdoc(member) or ""
-            specs[mark["name"]] = ToolSpec(mark["name"], doc.strip(), model, attr)
-        cls._tool_specs = specs
+            spec = ToolSpec(mark["name"], doc.strip(), model.model_json_schema())
+            tools[spec.name] = BoundTool(spec, model, attr)
+        cls._tools = tools
 
     def __init__(self, env_args: BaseModel, sandbox: Sandbox | None = None) -> None:
         self.env_args = env_args
@@ -149,7 +125,13 @@ class Environment:
 
     @classmethod
     def tool_specs(cls) -> list[ToolSpec]:
-        return list(cls._tool_specs.values())
+        return [t.spec for t in cls._tools.values()]
+
+    @classmethod
+    def info(cls) -> EnvironmentInfo:
+        """What ListEnvironments reports for this environment."""
+        return EnvironmentInfo(name=cls.name, description=cls.description, tools=tuple(cls.tool_specs()),
+                               env_args_schema=cls.EnvArgs.model_json_schema())
 
     @classmethod
     def parse_env_args(cls, env_args_json: str) -> BaseModel:
@@ -162,35 +144,40 @@ class Environment:
 
     # -- dispatch --------------------------------------------------------
 
-    async def call_tool(self, name: str, arguments_json: str) -> ToolOutput:
-        """Validate and run one tool call. Every mistake the model can make becomes a ToolOutput."""
-        spec = self._tool_specs.get(name)
-        if spec is None:
-            known = ", ".join(sorted(self._tool_specs)) or "none"
-            return ToolOutput(content=f"Error: unknown tool {name!r}. Available tools: {known}.")
+    @classmethod
+    def has_tool(cls, name: str) -> bool:
+        return name in cls._tools
+
+    async def call_tool(self, call: ToolCall) -> ToolResult:
+        """Validate and run one well-formed tool call. Every mistake the model can make becomes a ToolResult."""
+        name = call.name
+        bound = self._tools.get(name)
+        if bound is None:
+            known = ", ".join(sorted(self._tools)) or "none"
+            return ToolResult.error(f"unknown tool {name!r}. Available tools: {known}.")
         try:
-            raw = json.loads(arguments_json) if arguments_json.strip() else {}
+            raw = json.loads(call.arguments) if call.arguments.strip() else {}
         except json.JSONDecodeError as e:
-            return ToolOutput(
-                content=f"Error: the arguments of {name!r} are not valid JSON ({e.msg} at position {e.pos}). "
+            return ToolResult.error(
+                f"the arguments of {name!r} are not valid JSON ({e.msg} at position {e.pos}). "
                 "Send a JSON object matching the tool's schema."
             )
         if not isinstance(raw, dict):
-            return ToolOutput(content=f"Error: the arguments of {name!r} must be a JSON object, got {type(raw).__name__}.")
+            return ToolResult.error(f"the arguments of {name!r} must be a JSON object, got {type(raw).__name__}.")
         try:
-            args = spec.args_model.model_validate(raw)
+            args = bound.args_model.model_validate(raw)
         except ValidationError as e:
-            return ToolOutput(content=f"Error: invalid arguments for {name!r}: {_short_errors(e)}")
-        method: Callable[[BaseModel], Awaitable[ToolOutput | str]] = getattr(self, spec.method_name)
+            return ToolResult.error(f"invalid arguments for {name!r}: {_short_errors(e)}")
+        method: Callable[[BaseModel], Awaitable[ToolResult | str]] = getattr(self, bound.method_name)
         try:
             result = await method(args)
         except ToolError as e:
-            return ToolOutput(content=f"Error: {e}")
+            return ToolResult.error(str(e))
         except Exception as e:
             # A bug in a tool is reported to the model and logged; the session and server go on.
             log.exception("tool %s of environment %s raised", name, self.name)
-            return ToolOutput(content=f"Error: the tool {name!r} failed ({type(e).__name__}: {e}).")
-        return result if isinstance(result, ToolOutput) else ToolOutput(content=str(result))
+            return ToolResult.error(f"the tool {name!r} failed ({type(e).__name__}: {e}).")
+        return result if isinstance(result, ToolResult) else ToolResult(content=str(result))
 
 
 def _short_errors(e: ValidationError) -> str:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 from pydantic import BaseModel, ConfigDict, Field
 
-from env_server.environments.base import Environment, ToolOutput, tool
+from env_server.environments.base import Environment, tool
 from env_server.sandbox.result import ExecResult
+from tito.answers import answer_matches
+from tito.types import ToolResult
 
 
 class PythonEnvArgs(BaseModel):
@@ -39,22 +39,21 @@ class PythonEnvironment(Environment):
     needs_sandbox = True
 
     @tool
-    async def run_python(self, args: RunPythonArgs) -> ToolOutput:
+    async def run_python(self, args: RunPythonArgs) -> ToolResult:
         """Run Python code and return its stdout, stderr, the value of the last expression and any traceback."""
         assert self.sandbox is not None, "the python environment always gets a sandbox"
         result = await self.sandbox.execute(args.code, timeout_s=self.env_args.timeout_s)
-        return ToolOutput(
+        return ToolResult(
             content=format_exec_result(result),
             truncated=result.stdout_truncated or result.stderr_truncated,
-            lost=result.lost,
-            lost_reason=result.lost_reason,
+            lost_reason=(result.lost_reason or "the interpreter died") if result.lost else None,
         )
 
     def reward(self, final_text: str) -> float | None:
         expected = self.env_args.expected_answer
         if expected is None:
             return None
-        return 1.0 if extract_final_answer(final_text) == _normalize(expected) else 0.0
+        return 1.0 if answer_matches(final_text, expected) else 0.0
 
 
 def format_exec_result(r: ExecResult) -> str:
@@ -66,29 +65,13 @@ def format_exec_result(r: ExecResult) -> str:
         parts.append("[stderr]\n" + r.stderr.rstrip("\n"))
     if r.value is not None:
         parts.append(f"Out: {r.value}")
-    if r.error:
+    if r.error and not r.lost:  # a lost call is reported once, by the line below
         parts.append(r.error.rstrip("\n"))
     if r.stdout_truncated or r.stderr_truncated:
         parts.append("[output truncated: too much output]")
     if r.timed_out and not r.lost:
         parts.append("[timed out: execution was interrupted; variables defined before the interrupt are kept]")
     if r.lost:
-        parts.append(f"[sandbox lost: {r.lost_reason or 'the interpreter died'}; this session cannot continue]")
+        parts.append(f"[sandbox lost: {r.lost_reason or 'the interpreter died'}; its state is gone and this session "
+                     "cannot continue]")
     return "\n".join(parts) if parts else "(no output)"
-
-
-_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
-
-
-def _normalize(text: str) -> str:
-    return text.strip().replace(",", "").rstrip(".")
-
-
-def extract_final_answer(final_text: str) -> str:
-    """The last number in the text (commas removed), else its last non-empty line."""
-    text = final_text.split("</think>")[-1].replace(",", "")
-    numbers = _NUMBER.findall(text)
-    if numbers:
-        return numbers[-1].lstrip("+")
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return _normalize(lines[-1]) if lines else ""

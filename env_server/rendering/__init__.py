@@ -6,14 +6,13 @@ from .context import RenderingContext, truncation_marker
 from .errors import InvalidTokenizerFilesError, RenderingError, SuffixRenderError, UnsupportedTemplateError
 from .families import FamilyRules, detect_family
 from .registry import TokenizerRegistry
-from .types import ParsedCompletion, ParsedToolCall, SuffixResult
+from .types import ParsedCompletion, SuffixResult
 
 __all__ = [
     "RENDERER_VERSION",
     "FamilyRules",
     "InvalidTokenizerFilesError",
     "ParsedCompletion",
-    "ParsedToolCall",
     "RenderingContext",
     "RenderingError",
     "SuffixRenderError",

@@ -19,8 +19,10 @@ a tool could forge turn boundaries.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +39,9 @@ from transformers.utils.chat_template_utils import (
 from .errors import SuffixRenderError
 from .families import FamilyRules
 from .parsing import PARSERS
-from .types import ParsedCompletion, ParsedToolCall, SuffixResult
+from tito.types import Message, Role, ToolCall, call_id
+
+from .types import ParsedCompletion, SuffixResult
 
 _SYNTHETIC_USER = {"role": "user", "content": "."}
 _SYNTHETIC_REASONING = "Calling the tools."
@@ -122,8 +126,8 @@ class RenderingContext:
 
     # ------------------------------------------------------------ completion
 
-    def parse_completion(self, completion_ids: list[int], id_prefix: str = "call_") -> ParsedCompletion:
-        """Decode an assistant turn and parse its tool calls; ids ``{id_prefix}{n}`` are assigned."""
+    def parse_completion(self, completion_ids: list[int], seq: int = 0) -> ParsedCompletion:
+        """Decode an assistant turn (the answer to Step `seq`) and parse its tool calls."""
         for i in completion_ids:
             if not isinstance(i, int) or not 0 <= i < self._vocab_size:
                 raise ValueError(f"token id {i!r} is outside this tokenizer's vocabulary (0..{self._vocab_size - 1})")
@@ -132,15 +136,15 @@ class RenderingContext:
         body = self.decode(list(completion_ids[:-1])) if stopped else text
         # Harmony calls are delimited by their stop token (<|call|>); the others are parsed without it.
         content, reasoning, raw_calls = self._parse(text if self.rules.parser == "harmony" else body)
-        calls = [ParsedToolCall(f"{id_prefix}{n}", c.name, c.arguments, c.error) for n, c in enumerate(raw_calls)]
+        calls = [ToolCall(call_id(seq, n), c.name, c.arguments, c.error) for n, c in enumerate(raw_calls)]
         limit = self.rules.max_calls_per_turn
         if limit is not None:
-            for call in calls[limit:]:
-                if call.error is None:
-                    call.error = (
-                        f"this model's chat format allows {limit} tool call per turn; this call was not run. "
-                        "Make one call, wait for its result, then make the next."
-                    )
+            calls[limit:] = [
+                c if c.error else dataclasses.replace(c, error=(
+                    f"this model's chat format allows {limit} tool call per turn; this call was not run. "
+                    "Make one call, wait for its result, then make the next."))
+                for c in calls[limit:]
+            ]
         return ParsedCompletion(text=text, content=content, reasoning=reasoning, tool_calls=calls, stopped=stopped)
 
     # ------------------------------------------------------------ suffix
@@ -165,7 +169,7 @@ class RenderingContext:
                 self._tools_cache[names] = tools
         return tools
 
-    def _synthetic_assistant(self, calls: list[ParsedToolCall]) -> dict:
+    def _synthetic_assistant(self, calls: list[ToolCall]) -> dict:
         if self.single_call_assistant:
             calls = calls[:1]
         tool_calls = []
@@ -176,7 +180,7 @@ class RenderingContext:
                 args = {}
             tool_calls.append(
                 {
-                    "id": call.id or f"call_{i}",
+                    "id": call.id or call_id(0, i),
                     "type": "function",
                     "function": {"name": call.name or "invalid_tool_call", "arguments": args if isinstance(args, dict) else {}},
                 }
@@ -186,7 +190,7 @@ class RenderingContext:
             message[self.rules.reasoning_field] = _SYNTHETIC_REASONING
         return message
 
-    def suffix_text(self, tool_calls: list[ParsedToolCall], tool_messages: list[dict]) -> str:
+    def suffix_text(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict]) -> str:
         """The suffix as (sanitized) template text; raises SuffixRenderError if not prefix-stable."""
         if not tool_messages:
             raise ValueError("render_suffix needs at least one tool message")
@@ -213,20 +217,23 @@ class RenderingContext:
             )
         return second[cut:]
 
-    def _suffix_ids(self, tool_calls: list[ParsedToolCall], tool_messages: list[dict]) -> list[int]:
+    def _suffix_ids(self, tool_calls: list[ToolCall], tool_messages: list[dict]) -> list[int]:
         return self.encode(self.suffix_text(tool_calls, tool_messages))
 
     def render_suffix(
-        self, tool_calls: list[ParsedToolCall], tool_messages: list[dict], max_suffix_tokens: int | None
+        self,
+        tool_calls: Sequence[ToolCall],
+        tool_messages: Sequence[Message | dict],
+        max_suffix_tokens: int | None,
     ) -> SuffixResult:
-        """Suffix ids for one tool group, cut to ``max_suffix_tokens`` (None or 0: no limit)."""
+        """Suffix ids for one tool group, cut to ``max_suffix_tokens`` (None: no limit; 0 is a budget)."""
         messages = _tool_group(tool_calls, tool_messages)
         ids = self._suffix_ids(tool_calls, messages)
-        if not max_suffix_tokens or len(ids) <= max_suffix_tokens:
-            return SuffixResult(ids=ids, truncated=False, overflow=False, tool_messages=messages)
+        if max_suffix_tokens is None or len(ids) <= max_suffix_tokens:
+            return SuffixResult(ids=ids, truncated=False, overflow=False, tool_messages=_as_messages(messages))
         return self._fit(tool_calls, messages, max_suffix_tokens)
 
-    def _fit(self, tool_calls: list[ParsedToolCall], messages: list[dict], budget: int) -> SuffixResult:
+    def _fit(self, tool_calls: list[ToolCall], messages: list[dict], budget: int) -> SuffixResult:
         """Cut tool outputs at token level (head + marker + tail) until the suffix fits."""
         contents = [self.encode_plain(m["content"]) for m in messages]
         lengths = [len(c) for c in contents]
@@ -250,19 +257,25 @@ class RenderingContext:
         minimal, removed_all = build([0] * len(messages))
         minimal_ids = self._suffix_ids(tool_calls, minimal)
         if len(minimal_ids) > budget:
-            return SuffixResult(ids=[], truncated=False, overflow=True, tool_messages=messages)
+            return SuffixResult(ids=[], truncated=False, overflow=True, tool_messages=_as_messages(messages))
         slack = budget - len(minimal_ids)
         for _ in range(8):
             keeps = _water_fill(lengths, slack)
             cut, removed = build(keeps)
             ids = self._suffix_ids(tool_calls, cut)
             if len(ids) <= budget:
-                return SuffixResult(ids=ids, truncated=True, overflow=False, tool_messages=cut, removed_tokens=removed)
+                return SuffixResult(
+                    ids=ids, truncated=True, overflow=False, tool_messages=_as_messages(cut), removed_tokens=removed
+                )
             slack -= len(ids) - budget  # re-tokenization at the cut can cost a few tokens more
             if slack <= 0:
                 break
         return SuffixResult(
-            ids=minimal_ids, truncated=True, overflow=False, tool_messages=minimal, removed_tokens=removed_all
+            ids=minimal_ids,
+            truncated=True,
+            overflow=False,
+            tool_messages=_as_messages(minimal),
+            removed_tokens=removed_all,
         )
 
     def _decode_clean(self, ids: list[int], side: str) -> str:
@@ -290,21 +303,26 @@ def _water_fill(lengths: list[int], total: int) -> list[int]:
     return [min(n, lo) for n in lengths]
 
 
-def _tool_group(tool_calls: list[ParsedToolCall], tool_messages: list[dict]) -> list[dict]:
-    """Tool messages as the template expects them, names and ids filled from the calls."""
+def _tool_group(tool_calls: Sequence[ToolCall], tool_messages: Sequence[Message | dict]) -> list[dict]:
+    """The tool messages as the template reads them (plain dicts), names and ids filled from the calls."""
     out = []
     for i, m in enumerate(tool_messages):
+        m = Message.coerce(m if isinstance(m, Message) else {"role": "tool", **m})
         call = tool_calls[i] if i < len(tool_calls) else None
-        content = m.get("content")
         out.append(
             {
                 "role": "tool",
-                "content": content if isinstance(content, str) else json.dumps(content, ensure_ascii=False),
-                "name": m.get("name") or (call.name if call else ""),
-                "tool_call_id": m.get("tool_call_id") or (call.id if call else ""),
+                "content": m.content,
+                "name": m.name or (call.name if call else ""),
+                "tool_call_id": m.tool_call_id or (call.id if call else ""),
             }
         )
     return out
+
+
+def _as_messages(group: list[dict]) -> tuple[Message, ...]:
+    return tuple(Message(role=Role.TOOL, content=m["content"], name=m["name"], tool_call_id=m["tool_call_id"])
+                 for m in group)
 
 
 def _normalize_messages(messages: list[dict]) -> list[dict]:

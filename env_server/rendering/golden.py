@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from jinja2.exceptions import TemplateError
 
+from tito.types import ToolCall, call_id
+
 from .context import RenderingContext
 from .errors import SuffixRenderError, UnsupportedTemplateError
-from .types import ParsedToolCall
 
 GOLDEN_TOOLS = [
     {
@@ -70,7 +71,7 @@ def _assistant(ctx: RenderingContext, rnd: Round, index: int, reasoning: str | N
         "role": "assistant",
         "content": "",
         "tool_calls": [
-            {"id": f"call_{index}_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+            {"id": call_id(index, i), "type": "function", "function": {"name": n, "arguments": a}}
             for i, (n, a) in enumerate(rnd.calls)
         ],
     }
@@ -120,7 +121,7 @@ def run_trajectory(ctx: RenderingContext, rounds: list[Round], label: str) -> in
             )
             return exact
         completion = ctx.encode(text)  # the template wrote it, so its control tokens are real ones
-        parsed = ctx.parse_completion(completion, id_prefix=f"call_{k}_")
+        parsed = ctx.parse_completion(completion, seq=k)
         want = [(n, a) for n, a in rnd.calls][: ctx.rules.max_calls_per_turn or None]
         got = [(c.name, json.loads(c.arguments) if not c.error else c.error) for c in parsed.tool_calls]
         if got[: len(want)] != want:
@@ -128,7 +129,7 @@ def run_trajectory(ctx: RenderingContext, rounds: list[Round], label: str) -> in
                 f"tool calls written by the template do not parse back with the {ctx.rules.parser} parser: "
                 f"wrote {want}, parsed {got} from {text!r}"
             )
-        calls = [ParsedToolCall(f"call_{k}_{i}", n, json.dumps(a)) for i, (n, a) in enumerate(rnd.calls)]
+        calls = [ToolCall(call_id(k, i), n, json.dumps(a)) for i, (n, a) in enumerate(rnd.calls)]
         tool_msgs = [
             {"role": "tool", "content": out, "name": c.name, "tool_call_id": c.id} for c, out in zip(calls, rnd.outputs)
         ]
@@ -178,7 +179,7 @@ def run_trajectory(ctx: RenderingContext, rounds: list[Round], label: str) -> in
 def golden_check(ctx: RenderingContext) -> None:
     """Refuse the tokenizer (UnsupportedTemplateError) if the suffix diff is not exact."""
     # Does the template render several calls in one assistant message?
-    probe = [ParsedToolCall("call_0", "run_python", "{}"), ParsedToolCall("call_1", "lookup", "{}")]
+    probe = [ToolCall(call_id(0, 0), "run_python", "{}"), ToolCall(call_id(0, 1), "lookup", "{}")]
     probe_msgs = [{"role": "tool", "content": "a"}, {"role": "tool", "content": "b"}]
     try:
         ctx.suffix_text(probe, probe_msgs)

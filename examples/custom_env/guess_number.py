@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from env_server.environments import Environment, ToolError, ToolOutput, tool
+from env_server.environments import Environment, ToolError, ToolResult, tool
 
 
 class GuessArgs(BaseModel):
@@ -41,17 +41,17 @@ class GuessNumberEnvironment(Environment):
         self.guesses = 0
 
     @tool
-    async def guess(self, args: GuessArgs) -> ToolOutput:
+    async def guess(self, args: GuessArgs) -> ToolResult:
         """Guess the secret number."""
         a = self.env_args
         if not a.low <= args.number <= a.high:
             raise ToolError(f"{args.number} is outside the range {a.low}..{a.high}")
         self.guesses += 1
         if args.number == a.secret:
-            return ToolOutput(content="correct", done=True, reward=1.0 / self.guesses)
+            return ToolResult(content="correct", done=True, reward=1.0 / self.guesses)
         if self.guesses >= a.max_guesses:
-            return ToolOutput(content=f"wrong; no guesses left (it was {a.secret})", done=True, reward=0.0)
-        return ToolOutput(content="higher" if args.number < a.secret else "lower")
+            return ToolResult(content=f"wrong; no guesses left (it was {a.secret})", done=True, reward=0.0)
+        return ToolResult(content="higher" if args.number < a.secret else "lower")
 
     def reward(self, final_text: str) -> float | None:
         return 0.0  # stopping without finding the number earns nothing

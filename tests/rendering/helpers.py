@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
-from env_server.rendering import ParsedToolCall, RenderingContext, TokenizerRegistry
+from env_server.rendering import RenderingContext, TokenizerRegistry
+from tito.types import ToolCall, call_id
 from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
 
 TEMPLATES = ["qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3_1", "gptoss"]
@@ -120,10 +121,10 @@ def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, ch
     for k, turn in enumerate(turns):
         asst = assistant_message(ctx, turn, k)
         completion = model_completion(ctx, w.conv, asst)
-        parsed = ctx.parse_completion(completion, id_prefix=f"call_{k}_")
+        parsed = ctx.parse_completion(completion, seq=k)
         written = turn.calls[: ctx.rules.max_calls_per_turn or None]
         assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == written
-        calls = [ParsedToolCall(f"call_{k}_{i}", n, json.dumps(a)) for i, (n, a) in enumerate(turn.calls)]
+        calls = [ToolCall(call_id(k, i), n, json.dumps(a)) for i, (n, a) in enumerate(turn.calls)]
         msgs = [
             {"role": "tool", "content": out, "name": c.name, "tool_call_id": c.id} for c, out in zip(calls, turn.outputs)
         ]
@@ -131,7 +132,7 @@ def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, ch
         assert not suffix.overflow
         w.suffixes.append(suffix)
         w.ours = w.ours + completion + suffix.ids
-        w.conv = w.conv + [asst] + suffix.tool_messages
+        w.conv = w.conv + [asst] + [m.to_dict() for m in suffix.tool_messages]
         expected = template_ids(ctx, w.conv)
         w.expected.append(expected)
         w.ours_at.append(list(w.ours))

@@ -23,8 +23,8 @@ def test_hermes_two_calls_raw_arguments_kept():
     p = ctx.parse_completion(ids(ctx, text))
     assert p.stopped and p.reasoning == "plan" and p.content == "Sure."
     assert [(c.id, c.name, c.arguments, c.error) for c in p.tool_calls] == [
-        ("call_0", "run_python", '{"code": "print(1)",  "n": 1.50}', None),  # as written, 1.50 kept
-        ("call_1", "lookup", "{}", None),
+        ("call_0_0", "run_python", '{"code": "print(1)",  "n": 1.50}', None),  # as written, 1.50 kept
+        ("call_0_1", "lookup", "{}", None),
     ]
 
 
@@ -58,9 +58,9 @@ def test_arguments_as_json_string_accepted():
     assert p.tool_calls[0].error is None and json.loads(p.tool_calls[0].arguments) == {"a": 1}
 
 
-def test_id_prefix():
+def test_call_ids_carry_the_step_seq():
     ctx = ctx_for("qwen2_5")
-    p = ctx.parse_completion(ids(ctx, '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>'), id_prefix="call_7_")
+    p = ctx.parse_completion(ids(ctx, '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call><|im_end|>'), seq=7)
     assert p.tool_calls[0].id == "call_7_0"
 
 

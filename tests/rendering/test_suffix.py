@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from jinja2.exceptions import TemplateError
 
-from env_server.rendering import ParsedToolCall
+from tito.types import ToolCall
 
 from .helpers import TEMPLATES, Turn, assistant_message, ctx_for, template_ids, walk
 
@@ -84,7 +84,7 @@ def test_parallel_calls_llama3_1():
     )
     # Same as the template's render of one call followed by both results.
     one = assistant_message(ctx, Turn([(PY, {"code": "1"})], []), 0)
-    conv = [{"role": "user", "content": "hi"}, one] + [dict(m, role="tool") for m in suffix.tool_messages]
+    conv = [{"role": "user", "content": "hi"}, one] + [m.to_dict() for m in suffix.tool_messages]
     assert template_ids(ctx, conv)[-len(suffix.ids) :] == suffix.ids
 
 
@@ -132,7 +132,7 @@ def test_long_output_cut_by_budget(template):
     assert s.truncated and not s.overflow
     assert len(s.ids) <= budget
     assert len(s.ids) >= budget - 8  # the budget is used, not wasted
-    content = s.tool_messages[0]["content"]
+    content = s.tool_messages[0].content
     assert "tokens truncated]" in content
     assert content.startswith("line 0:") and content.rstrip().endswith("✓")
     assert s.removed_tokens > 0 and f"[{s.removed_tokens} tokens truncated]" in content
@@ -143,24 +143,24 @@ def test_long_output_cut_by_budget(template):
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_parallel_long_outputs_cut_fairly(template):
     ctx = ctx_for(template)
-    calls = [ParsedToolCall("call_0", PY, "{}"), ParsedToolCall("call_1", PY, "{}")]
+    calls = [ToolCall("call_0", PY, "{}"), ToolCall("call_1", PY, "{}")]
     msgs = [{"role": "tool", "content": "short"}, {"role": "tool", "content": "y " * 5000}]
     s = ctx.render_suffix(calls, msgs, 150)
     assert s.truncated and len(s.ids) <= 150
-    assert s.tool_messages[0]["content"] == "short"  # short outputs stay whole
-    assert "tokens truncated]" in s.tool_messages[1]["content"]
+    assert s.tool_messages[0].content == "short"  # short outputs stay whole
+    assert "tokens truncated]" in s.tool_messages[1].content
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_overflow_when_minimal_suffix_does_not_fit(template):
     ctx = ctx_for(template)
-    calls = [ParsedToolCall("call_0", PY, "{}")]
+    calls = [ToolCall("call_0", PY, "{}")]
     s = ctx.render_suffix(calls, [{"role": "tool", "content": "z" * 1000}], 5)
     assert s.overflow and s.ids == []
 
 
 def test_budget_not_needed_is_exact(ctx):
-    calls = [ParsedToolCall("call_0", PY, "{}")]
+    calls = [ToolCall("call_0", PY, "{}")]
     msgs = [{"role": "tool", "content": "ok"}]
     full = ctx.render_suffix(calls, msgs, None)
     same = ctx.render_suffix(calls, msgs, len(full.ids))
@@ -237,7 +237,7 @@ def test_suffix_tokenized_alone_equals_in_context(template):
     """The claim behind tokenizing the suffix alone: it starts right after a control token, so
     encode(prefix + suffix) == encode(prefix) + encode(suffix)."""
     ctx = ctx_for(template)
-    calls = [ParsedToolCall("call_0", PY, '{"code": "1"}')]
+    calls = [ToolCall("call_0", PY, '{"code": "1"}')]
     for out in ["x", " lead", "\n\nnl", "tail  ", "😀", "'s"]:
         text = ctx.suffix_text(calls, [{"role": "tool", "content": out}])
         base = [{"role": "user", "content": "."}, ctx._synthetic_assistant(calls)]
@@ -267,4 +267,4 @@ def test_suffix_refuses_when_not_prefix_stable():
         tokenizer=ctx.tokenizer,
     )
     with pytest.raises(SuffixRenderError, match="not prefix-stable"):
-        broken.render_suffix([ParsedToolCall("call_0", PY, "{}")], [{"role": "tool", "content": "1"}], None)
+        broken.render_suffix([ToolCall("call_0", PY, "{}")], [{"role": "tool", "content": "1"}], None)

@@ -140,6 +140,7 @@ def test_step_after_sandbox_died(stub):
         r = run(stub, sid, 2, "1 + 1")
         assert r.status == pb.STEP_STATUS_SANDBOX_LOST and r.done
         assert "sandbox lost" in r.tool_messages[0].content
+        assert r.tool_messages[0].content.count("lost") == 1, r.tool_messages[0].content  # reported once
         assert r.detail
         err = status_of(lambda: run(stub, sid, 3, "1"))
         assert err.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -59,8 +59,11 @@ def test_custom_environment_loaded_through_config(stub):
         answers.append(r.tool_messages[0].content)
         if r.done:
             break
+        assert r.status == pb.STEP_STATUS_OK
     assert answers == ["lower", "higher", "correct"]
-    assert r.done and r.reward == pytest.approx(1 / 3)
+    # A tool that ends the episode: the status says so, and done is exactly status != OK.
+    assert r.status == pb.STEP_STATUS_EPISODE_END and r.done and len(r.suffix_ids) == 0
+    assert r.reward == pytest.approx(1 / 3)
     assert stub.CloseSession(pb.CloseSessionRequest(session_id=sid)).closed
 
 

@@ -1,0 +1,206 @@
+"""The environment engine: what each RPC does, in tito's own types (no grpc here).
+
+The gRPC adapter (`service.py`) converts a request into these calls and the answer back; the
+engine opens sessions (environment, renderer, sandbox from the pool), hands Steps to the
+session's `Episode`, and closes sessions. Client mistakes raise `RequestError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from env_server.config import ServerConfig
+from env_server.environments.base import Environment
+from env_server.episode import AssistantTurn, Episode
+from env_server.errors import ErrorKind, RequestError
+from env_server.idempotency import OnceByKey
+from env_server.metrics import ServerMetrics
+from env_server.rendering import (
+    InvalidTokenizerFilesError,
+    RenderingContext,
+    TokenizerRegistry,
+    UnsupportedTemplateError,
+)
+from env_server.sandbox.docker_sandbox import new_session_id
+from env_server.sandbox.pool import SandboxPool
+from env_server.sessions import Session, SessionRegistry
+from tito.types import EnvironmentInfo, Message, OpenedSession, StepResult, TokenizerRegistration
+
+# Retried OpenSession calls are recognised by client_request_id for this many recent openings.
+_REMEMBERED_OPENINGS = 4096
+
+
+@dataclass(frozen=True)
+class OpenRequest:
+    environment: str
+    tokenizer_fingerprint: str = ""  # empty: no ids are rendered
+    messages: tuple[Message, ...] = ()
+    env_args_json: str = ""
+    client_request_id: str = ""  # idempotency key chosen by the client
+
+
+class Engine:
+    def __init__(
+        self,
+        config: ServerConfig,
+        environments: dict[str, type[Environment]],
+        pool: SandboxPool,
+        tokenizers: TokenizerRegistry,
+        sessions: SessionRegistry,
+        metrics: ServerMetrics,
+    ) -> None:
+        self.config = config
+        self.environments = environments
+        self.pool = pool
+        self.tokenizers = tokenizers
+        self.sessions = sessions
+        self.metrics = metrics
+        self._openings: OnceByKey[str, OpenedSession] = OnceByKey(_REMEMBERED_OPENINGS, name="open")
+
+    def list_environments(self) -> list[EnvironmentInfo]:
+        return [cls.info() for cls in self.environments.values()]
+
+    async def register_tokenizer(self, files: dict[str, bytes], chat_template_kwargs_json: str) -> TokenizerRegistration:
+        kwargs = _json_object(chat_template_kwargs_json, "chat_template_kwargs_json")
+        try:
+            # Loading and the golden check take a while: keep them off the event loop.
+            ctx = await asyncio.to_thread(self.tokenizers.register, files, kwargs)
+        except InvalidTokenizerFilesError as e:
+            raise RequestError(ErrorKind.INVALID_ARGUMENT, str(e)) from e
+        except UnsupportedTemplateError as e:
+            raise RequestError(ErrorKind.FAILED_PRECONDITION, str(e)) from e
+        return TokenizerRegistration(fingerprint=ctx.fingerprint, stop_token_ids=tuple(ctx.stop_token_ids),
+                                     template_family=ctx.family, renderer_version=ctx.renderer_version)
+
+    # ------------------------------------------------------------ sessions
+
+    async def open_session(self, request: OpenRequest) -> OpenedSession:
+        if not request.client_request_id:
+            return await self._open(request)
+        # Retries with the same key share one opening, also while it still runs.
+        return await self._openings.run(request.client_request_id, functools.partial(self._open, request))
+
+    async def _open(self, request: OpenRequest) -> OpenedSession:
+        started = time.perf_counter()
+        env_cls = self.environments.get(request.environment)
+        if env_cls is None:
+            known = ", ".join(sorted(self.environments)) or "none"
+            raise RequestError(ErrorKind.NOT_FOUND,
+                               f"unknown environment {request.environment!r}; this server offers: {known}")
+        renderer = self._renderer(request.tokenizer_fingerprint)
+        try:
+            env_args = env_cls.parse_env_args(request.env_args_json)
+        except ValueError as e:
+            raise RequestError(ErrorKind.INVALID_ARGUMENT, str(e)) from e
+        info = env_cls.info()
+        prompt_ids: list[int] = []
+        if renderer is not None:
+            messages = [_template_message(m, i) for i, m in enumerate(request.messages)]
+            try:
+                prompt_ids = renderer.render_prompt(messages, [t.openai_spec() for t in info.tools])
+            except Exception as e:
+                raise RequestError(
+                    ErrorKind.INVALID_ARGUMENT,
+                    f"the chat template could not render the opening messages: {type(e).__name__}: {e}",
+                ) from e
+        if env_cls.needs_sandbox and not self.pool.ready:
+            raise RequestError(ErrorKind.UNAVAILABLE, f"the sandbox pool is not ready: {self.pool.status_detail}")
+
+        # The slot is taken before the first await, so concurrent opens cannot overshoot max_sessions.
+        with self.sessions.reserve_slot() as reserved:
+            if not reserved:
+                raise RequestError(
+                    ErrorKind.RESOURCE_EXHAUSTED,
+                    f"the server holds its maximum of {self.sessions.max_sessions} sessions; close some or retry later",
+                )
+            env = await self._start_environment(env_cls, env_args)
+            session_id = env.sandbox.session_id if env.sandbox is not None else new_session_id()
+            self.sessions.add(Session(
+                id=session_id, env_name=env_cls.name, episode=Episode(session_id, env, renderer, self.metrics),
+                idle_ttl_s=self.config.idle_ttl_s, hard_ttl_s=self.config.hard_ttl_s,
+            ))
+        self.metrics.sessions_opened.labels(env_cls.name).inc()
+        self.metrics.sessions_active.set(len(self.sessions))
+        self.metrics.open_latency.observe(time.perf_counter() - started)
+        return OpenedSession(session_id=session_id, prompt_ids=tuple(prompt_ids), tools=info.tools,
+                             idle_ttl_s=self.config.idle_ttl_s, hard_ttl_s=self.config.hard_ttl_s)
+
+    async def _start_environment(self, env_cls: type[Environment], env_args: Any) -> Environment:
+        sandbox = None
+        if env_cls.needs_sandbox:
+            try:
+                sandbox = await self.pool.acquire()
+            except Exception as e:
+                raise RequestError(ErrorKind.UNAVAILABLE, f"could not start a sandbox: {e}") from e
+        try:
+            env = env_cls(env_args, sandbox)
+            await env.setup()
+        except BaseException as e:
+            # Never leave an acquired sandbox behind, not even when the call is cancelled.
+            if sandbox is not None:
+                await asyncio.shield(sandbox.destroy())
+            if isinstance(e, Exception):
+                raise RequestError(
+                    ErrorKind.FAILED_PRECONDITION,
+                    f"environment {env_cls.name!r} failed to set up: {type(e).__name__}: {e}",
+                ) from e
+            raise
+        return env
+
+    async def step(self, session_id: str, turn: AssistantTurn) -> StepResult:
+        started = time.perf_counter()
+        session = self.sessions.get(session_id)
+        session.touch()
+        result = await session.episode.step(turn)
+        session.touch()
+        self.metrics.step_latency.labels(session.env_name).observe(time.perf_counter() - started)
+        return result
+
+    async def close_session(self, session_id: str) -> bool:
+        return await self.sessions.close(session_id, "closed by the client")
+
+    def _renderer(self, fingerprint: str) -> RenderingContext | None:
+        if not fingerprint:
+            return None
+        ctx = self.tokenizers.get(fingerprint)
+        if ctx is None:
+            raise RequestError(
+                ErrorKind.FAILED_PRECONDITION,
+                f"unknown tokenizer fingerprint {fingerprint!r}: call RegisterTokenizer first "
+                "(this server may have restarted or evicted it from its cache)",
+            )
+        return ctx
+
+
+def _json_object(text: str, field: str) -> dict[str, Any]:
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RequestError(ErrorKind.INVALID_ARGUMENT, f"{field} is not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise RequestError(ErrorKind.INVALID_ARGUMENT, f"{field} must be a JSON object")
+    return value
+
+
+def _template_message(m: Message, index: int) -> dict[str, Any]:
+    """A message as chat templates read it; tool-call arguments must be JSON objects."""
+    d: dict[str, Any] = {"role": str(m.role), "content": m.content}
+    if m.role == "tool":
+        d["name"] = m.name
+        d["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content:
+        d["reasoning_content"] = m.reasoning_content
+    if m.tool_calls:
+        d["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {
+                "name": c.name, "arguments": _json_object(c.arguments, f"messages[{index}].tool_calls[{j}].arguments")}}
+            for j, c in enumerate(m.tool_calls)
+        ]
+    return d

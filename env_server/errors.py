@@ -1,0 +1,35 @@
+"""Request errors: what a client did wrong, as a kind the gRPC adapter maps to a status code.
+
+The engine raises these and never imports grpc; `service.py` turns each kind into its status.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    INVALID_ARGUMENT = "invalid_argument"  # the request itself is wrong; fix it and resend
+    NOT_FOUND = "not_found"  # unknown environment or session
+    FAILED_PRECONDITION = "failed_precondition"  # valid, but not in this state (order, fingerprint, template)
+    RESOURCE_EXHAUSTED = "resource_exhausted"  # the server is full; retry later
+    UNAVAILABLE = "unavailable"  # the sandbox pool cannot serve now; retry later
+
+
+class RequestError(Exception):
+    """A client mistake, refused before anything ran; the message says what to do."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class SessionNotFound(RequestError):
+    def __init__(self, session_id: str, closed_because: str | None) -> None:
+        if closed_because:
+            message = f"session {session_id!r} was closed ({closed_because}); open a new session"
+        else:
+            message = f"unknown session {session_id!r}; open a session with OpenSession first"
+        super().__init__(ErrorKind.NOT_FOUND, message)
+        self.session_id = session_id
