@@ -18,9 +18,9 @@ if docker compose version >/dev/null 2>&1; then
 fi
 
 export TITO_REQUIRE_DOCKER=${TITO_REQUIRE_DOCKER:-1}  # a docker test that skips fails: setup must have worked
-echo "[test] .venv/bin/python -m pytest -p no:cacheprovider $*"
+echo "[test] .venv/bin/python -m pytest -p no:cacheprovider --durations=25 $*"
 rc=0
-.venv/bin/python -m pytest -p no:cacheprovider "$@" || rc=$?
+.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@" || rc=$?
 case $rc in
     0) echo "[test] all tests passed" ;;
     5) echo "[test] ERROR: pytest collected no tests (exit 5); treating that as a failure" >&2; rc=1 ;;

@@ -7,25 +7,12 @@ import json
 import grpc
 import pytest
 
+from tests.sessions import open_session as open_python
+from tests.sessions import rpc_error as status_of
+from tests.sessions import run
 from tito.v1 import environment_pb2 as pb
 
 pytestmark = pytest.mark.docker
-
-
-def open_python(stub, **kw) -> str:
-    return stub.OpenSession(pb.OpenSessionRequest(environment="python", **kw), timeout=60).session_id
-
-
-def run(stub, sid: str, seq: int, code: str | None = None, *, arguments: str | None = None, name="run_python"):
-    args = arguments if arguments is not None else json.dumps({"code": code})
-    call = pb.ToolCall(id=f"c{seq}", name=name, arguments=args)
-    return stub.Step(pb.StepRequest(session_id=sid, seq=seq, tool_calls=[call]), timeout=60)
-
-
-def status_of(fn) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as info:
-        fn()
-    return info.value
 
 
 def test_unknown_environment(stub):

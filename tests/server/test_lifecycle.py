@@ -16,18 +16,10 @@ from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.harness import REPO, containers_of, start_server
+from tests.sessions import open_session, run, wait_until
 from tito.v1 import environment_pb2 as pb
 
 pytestmark = pytest.mark.docker
-
-
-def wait_until(pred, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_health_and_reflection(server):
@@ -80,15 +72,11 @@ def test_metrics_endpoint(server, stub):
 
 def test_sessions_are_isolated_and_hostile_code_is_contained(stub):
     """A busy-looping session and a memory hog do not disturb 8 others running concurrently."""
-    def open_():
-        return stub.OpenSession(pb.OpenSessionRequest(environment="python")).session_id
-
     def step(sid, seq, code):
-        call = pb.ToolCall(id=str(seq), name="run_python", arguments=json.dumps({"code": code}))
-        return stub.Step(pb.StepRequest(session_id=sid, seq=seq, tool_calls=[call]), timeout=60)
+        return run(stub, sid, seq, code)
 
-    hog, looper = open_(), open_()
-    workers = [open_() for _ in range(8)]
+    hog, looper = open_session(stub), open_session(stub)
+    workers = [open_session(stub) for _ in range(8)]
     with ThreadPoolExecutor(12) as pool:
         t0 = time.monotonic()
         loop_f = pool.submit(step, looper, 1, "while True: pass")

@@ -10,22 +10,19 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
+from tests.sessions import register_qwen
+from tests.sessions import run as step
+from tests.sessions import session as python_session
 from tito.v1 import environment_pb2 as pb
 
 pytestmark = pytest.mark.docker
 
 
-def step(stub, sid, seq, code, timeout=60):
-    call = pb.ToolCall(id=f"c{seq}", name="run_python", arguments=json.dumps({"code": code}))
-    return stub.Step(pb.StepRequest(session_id=sid, seq=seq, tool_calls=[call]), timeout=timeout)
-
-
 @pytest.fixture
 def session(stub):
-    sid = stub.OpenSession(pb.OpenSessionRequest(environment="python")).session_id
-    step(stub, sid, 1, "counter = 0")
-    yield sid
-    stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+    with python_session(stub) as sid:
+        step(stub, sid, 1, "counter = 0")
+        yield sid
 
 
 SLOW_INCREMENT = "import time; time.sleep(1.0); counter += 1; counter"
@@ -61,13 +58,13 @@ def test_next_seq_while_a_step_runs_is_refused(stub, session):
 
 
 def test_unfinished_turn_is_refused_before_tools_run(stub):
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
     from tito_assets.qwen_tokenizer import build_tokenizer_files
 
-    from transformers import PreTrainedTokenizerFast
-    from tokenizers import Tokenizer
-
+    fp = register_qwen(stub)
     files = build_tokenizer_files(template="qwen2_5")
-    fp = stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=files), timeout=120).fingerprint
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(files["tokenizer.json"].decode()))
     sid = stub.OpenSession(pb.OpenSessionRequest(
         environment="python", tokenizer_fingerprint=fp, messages=[pb.Message(role="user", content="hi")])).session_id

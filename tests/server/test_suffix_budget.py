@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.sessions import register_qwen, session
 from tito.v1 import environment_pb2 as pb
 
 pytestmark = pytest.mark.docker
@@ -13,16 +14,11 @@ pytestmark = pytest.mark.docker
 
 @pytest.fixture(scope="module")
 def fingerprint(server):
-    from tito_assets.qwen_tokenizer import build_tokenizer_files
-
-    files = build_tokenizer_files(template="qwen2_5")
-    return server.stub().RegisterTokenizer(pb.RegisterTokenizerRequest(files=files), timeout=120).fingerprint
+    return register_qwen(server.stub())
 
 
-def _open(stub, fingerprint):
-    return stub.OpenSession(pb.OpenSessionRequest(
-        environment="python", tokenizer_fingerprint=fingerprint,
-        messages=[pb.Message(role="user", content="hi")]), timeout=60).session_id
+def _session(stub, fingerprint):
+    return session(stub, tokenizer_fingerprint=fingerprint, messages=[pb.Message(role="user", content="hi")])
 
 
 def _print(n_chars: int) -> list[pb.ToolCall]:
@@ -30,24 +26,18 @@ def _print(n_chars: int) -> list[pb.ToolCall]:
 
 
 def test_unset_budget_is_no_limit_and_zero_is_a_budget(stub, fingerprint):
-    sid = _open(stub, fingerprint)
-    try:
+    with _session(stub, fingerprint) as sid:
         unset = stub.Step(pb.StepRequest(session_id=sid, seq=1, tool_calls=_print(2000)))
         assert not unset.HasField("reward")
         assert unset.status == pb.STEP_STATUS_OK and not unset.truncated and len(unset.suffix_ids) > 200
         zero = stub.Step(pb.StepRequest(session_id=sid, seq=2, tool_calls=_print(10), max_suffix_tokens=0))
         assert zero.status == pb.STEP_STATUS_SUFFIX_OVERFLOW and zero.done and len(zero.suffix_ids) == 0
         assert "max_suffix_tokens=0" in zero.detail
-    finally:
-        stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
 
 
 def test_a_small_budget_cuts_the_tool_output(stub, fingerprint):
-    sid = _open(stub, fingerprint)
-    try:
+    with _session(stub, fingerprint) as sid:
         r = stub.Step(pb.StepRequest(session_id=sid, seq=1, tool_calls=_print(2000), max_suffix_tokens=60))
         assert r.status == pb.STEP_STATUS_OK and not r.done and r.truncated
         assert 0 < len(r.suffix_ids) <= 60
         assert "tokens truncated]" in r.tool_messages[0].content
-    finally:
-        stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
