@@ -11,6 +11,8 @@ import os
 
 import pytest
 
+from tests.harness import docker_available, start_server
+
 REQUIRE_DOCKER = os.environ.get("TITO_REQUIRE_DOCKER", "1" if os.environ.get("CI") == "true" else "0") == "1"
 
 
@@ -22,3 +24,27 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"Docker test skipped but TITO_REQUIRE_DOCKER/CI requires it to run: {reason}"
+
+
+@pytest.fixture(scope="session")
+def docker_ok() -> None:
+    why = docker_available()
+    if why:
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def server(docker_ok, tmp_path_factory):
+    """A real env server subprocess (one per test module), with the example guess_number environment
+    loaded through a config file, as a user would."""
+    tmp = tmp_path_factory.mktemp("server")
+    config = tmp / "server.yaml"
+    config.write_text("environments: ['guess_number:GuessNumberEnvironment']\nsandbox:\n  exec_timeout_s: 5\n")
+    srv = start_server(tmp, args=["--config", str(config)])
+    yield srv
+    srv.terminate()
+
+
+@pytest.fixture
+def stub(server):
+    return server.stub()
