@@ -17,7 +17,7 @@ from typing import Any
 from env_server.config import ServerConfig
 from env_server.environments.base import Environment
 from env_server.episode import AssistantTurn, Episode
-from env_server.errors import ErrorKind, RequestError
+from env_server.errors import ErrorKind, RequestError, quote
 from env_server.idempotency import OnceByKey
 from env_server.metrics import ServerMetrics
 from env_server.rendering import (
@@ -91,7 +91,7 @@ class Engine:
         if env_cls is None:
             known = ", ".join(sorted(self.environments)) or "none"
             raise RequestError(ErrorKind.NOT_FOUND,
-                               f"unknown environment {request.environment!r}; this server offers: {known}")
+                               f"unknown environment {quote(request.environment)}; this server offers: {known}")
         renderer = self._renderer(request.tokenizer_fingerprint)
         try:
             env_args = env_cls.parse_env_args(request.env_args_json)
@@ -171,7 +171,7 @@ class Engine:
         if ctx is None:
             raise RequestError(
                 ErrorKind.FAILED_PRECONDITION,
-                f"unknown tokenizer fingerprint {fingerprint!r}: call RegisterTokenizer first "
+                f"unknown tokenizer fingerprint {quote(fingerprint)}: call RegisterTokenizer first "
                 "(this server may have restarted or evicted it from its cache)",
             )
         return ctx
@@ -184,6 +184,8 @@ def _json_object(text: str, field: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as e:
         raise RequestError(ErrorKind.INVALID_ARGUMENT, f"{field} is not valid JSON: {e}") from e
+    except RecursionError:
+        raise RequestError(ErrorKind.INVALID_ARGUMENT, f"{field} is nested too deeply to parse") from None
     if not isinstance(value, dict):
         raise RequestError(ErrorKind.INVALID_ARGUMENT, f"{field} must be a JSON object")
     return value

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 
 from env_server.environments.base import Environment
-from env_server.errors import ErrorKind, RequestError
+from env_server.errors import ErrorKind, RequestError, quote
 from env_server.idempotency import OnceByKey
 from env_server.metrics import ServerMetrics
 from env_server.rendering import RenderingContext
@@ -79,7 +79,7 @@ class Episode:
         if fingerprint and fingerprint != have:
             raise RequestError(
                 ErrorKind.FAILED_PRECONDITION,
-                f"tokenizer fingerprint mismatch: the request says {fingerprint!r} but session "
+                f"tokenizer fingerprint mismatch: the request says {quote(fingerprint)} but session "
                 f"{self.session_id!r} was opened with {have or 'none'!r}; open the session with the tokenizer "
                 "you generate with",
             )

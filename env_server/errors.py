@@ -8,6 +8,14 @@ from __future__ import annotations
 import enum
 
 
+def quote(value: str, limit: int = 64) -> str:
+    """A client's or model's string in a message: its repr, cut to a short prefix when long, so an
+    error about a 5 MB session id is not itself 5 MB."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}… ({len(value)} characters)"
+
+
 class ErrorKind(enum.Enum):
     INVALID_ARGUMENT = "invalid_argument"  # the request itself is wrong; fix it and resend
     NOT_FOUND = "not_found"  # unknown environment or session
@@ -28,8 +36,8 @@ class RequestError(Exception):
 class SessionNotFound(RequestError):
     def __init__(self, session_id: str, closed_because: str | None) -> None:
         if closed_because:
-            message = f"session {session_id!r} was closed ({closed_because}); open a new session"
+            message = f"session {quote(session_id)} was closed ({closed_because}); open a new session"
         else:
-            message = f"unknown session {session_id!r}; open a session with OpenSession first"
+            message = f"unknown session {quote(session_id)}; open a session with OpenSession first"
         super().__init__(ErrorKind.NOT_FOUND, message)
         self.session_id = session_id

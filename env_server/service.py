@@ -16,7 +16,7 @@ import grpc
 
 from env_server.engine import Engine, OpenRequest
 from env_server.episode import AssistantTurn
-from env_server.errors import ErrorKind, RequestError
+from env_server.errors import ErrorKind, RequestError, quote
 from tito import wire
 from tito.types import Role
 from tito.v1 import environment_pb2 as pb
@@ -111,4 +111,4 @@ def _message(m: pb.Message, index: int):
         return wire.message_from_pb(m)
     except ValueError:
         roles = ", ".join(r.value for r in Role)
-        raise RequestError(ErrorKind.INVALID_ARGUMENT, f"messages[{index}].role is {m.role!r}; use one of {roles}") from None
+        raise RequestError(ErrorKind.INVALID_ARGUMENT, f"messages[{index}].role is {quote(m.role)}; use one of {roles}") from None

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, get_type_h
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from env_server.errors import quote
 from tito.types import EnvironmentInfo, ToolCall, ToolResult, ToolSpec
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ class Environment:
         bound = self._tools.get(name)
         if bound is None:
             known = ", ".join(sorted(self._tools)) or "none"
-            return ToolResult.error(f"unknown tool {name!r}. Available tools: {known}.")
+            return ToolResult.error(f"unknown tool {quote(name)}. Available tools: {known}.")
         try:
             raw = json.loads(call.arguments) if call.arguments.strip() else {}
         except json.JSONDecodeError as e:
@@ -162,6 +163,9 @@ class Environment:
                 f"the arguments of {name!r} are not valid JSON ({e.msg} at position {e.pos}). "
                 "Send a JSON object matching the tool's schema."
             )
+        except RecursionError:
+            return ToolResult.error(f"the arguments of {name!r} are nested too deeply. Send a flat JSON object "
+                                    "matching the tool's schema.")
         if not isinstance(raw, dict):
             return ToolResult.error(f"the arguments of {name!r} must be a JSON object, got {type(raw).__name__}.")
         try:

@@ -60,6 +60,8 @@ def json_object_spans(text: str) -> dict[str, tuple[object, str]]:
                 value, value_end = _DECODER.raw_decode(text, pos)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{e.msg} at char {e.pos}") from None
+            except RecursionError:  # the model nested arrays/objects thousands deep
+                raise ValueError(f"the value at char {pos} is nested too deeply") from None
             out[key] = (value, text[pos:value_end])
             pos = _WS.match(text, value_end).end()
             if pos < end and text[pos] == ",":
@@ -90,7 +92,7 @@ def _arguments_text(fields: dict[str, tuple[object, str]], keys: tuple[str, ...]
             # Some models write the arguments object as a JSON string; accept it if it holds an object.
             try:
                 inner = json.loads(value)
-            except ValueError:
+            except (ValueError, RecursionError):
                 inner = None
             if isinstance(inner, dict):
                 return value, None
@@ -163,7 +165,7 @@ def parse_llama3(text: str) -> tuple[str, str | None, list[RawCall]]:
             break
         try:
             _, end = _DECODER.raw_decode(body, pos)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             calls.append(call_from_json(body[pos:], ("parameters", "arguments"), _LLAMA_EXAMPLE))
             break
         calls.append(call_from_json(body[pos:end], ("parameters", "arguments"), _LLAMA_EXAMPLE))
@@ -202,7 +204,7 @@ def parse_harmony(text: str) -> tuple[str, str | None, list[RawCall]]:
                 continue
             try:
                 value = json.loads(body)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 calls.append(
                     RawCall(name, "", f"the arguments are not valid JSON ({e}): {_short(body)}; write {_HARMONY_EXAMPLE}")
                 )

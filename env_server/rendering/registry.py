@@ -48,6 +48,8 @@ class TokenizerRegistry:
             fingerprint = compute_fingerprint(files, kwargs, RENDERER_VERSION)
         except (ValueError, UnicodeDecodeError) as e:
             raise InvalidTokenizerFilesError(f"the tokenizer files are not valid JSON/UTF-8: {e}") from e
+        except RecursionError:
+            raise InvalidTokenizerFilesError("a tokenizer file holds JSON nested too deeply to parse") from None
         with self._lock:
             ctx = self._entries.get(fingerprint)
             if ctx is not None:
