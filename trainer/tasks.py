@@ -12,18 +12,18 @@
 
 Tasks that use the interpreter can also act as a *teacher* for the warm start
 (`trainer/warmstart.py`): `demo_specs()` lists the prompts to demonstrate, `teacher_turn()` writes
-the scripted assistant text of each turn (turn 0: a `run_python` call; turn 1: the final answer,
-built from the tool message the env server actually returned).
+the scripted assistant text of each turn (turn 0: a `run_python` call; turn 1: the task's own
+answer, which the env then checks against what the sandbox computed).
 """
 
 from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from tito.answers import answer_matches
 from trainer.rollout import RolloutSpec
 from trainer.state import Rollout, Status
 
@@ -72,9 +72,6 @@ def _rollout_used_tool(rollout: Rollout) -> bool:
     return rollout.tool_calls > 0
 
 
-_NUMBER = re.compile(r"[-+]?\d[\d,]*")
-
-
 class ArithmeticTask:
     name = "arithmetic"
     uses_env = True
@@ -120,9 +117,8 @@ class ArithmeticTask:
             return float(rollout.env_reward)
         if decode is None:
             raise ValueError("arithmetic reward needs the env's reward or a decoder")
-        text = decode(rollout.last_turn_ids())
-        numbers = [n.replace(",", "") for n in _NUMBER.findall(text)]
-        return 1.0 if numbers and numbers[-1].lstrip("+") == rollout.meta["answer"] else 0.0
+        # The same reading of the final answer as the environment's own check.
+        return 1.0 if answer_matches(decode(rollout.last_turn_ids()), rollout.meta["answer"]) else 0.0
 
 
 class TokenSubsetTask:

@@ -21,7 +21,7 @@ from trainer.env_client import GrpcEnvClient
 from trainer.model import build_tiny_qwen3, collate
 from trainer.rollout import RolloutLimits
 from trainer.state import Rollout, Status
-from trainer.tasks import PuzzleTask, make_puzzles
+from trainer.tasks import ArithmeticTask, PuzzleTask, make_puzzles
 from trainer.warmstart import WarmStartError, build_demonstrations, sft_loss, warm_start
 
 LIMITS = RolloutLimits(budget=512, per_turn_cap=64, reserve=16, max_turns=3)
@@ -54,6 +54,32 @@ def test_puzzle_sampling_covers_the_pool_and_reward_needs_a_tool_call():
     assert task.reward(r, None) == 1.0
     assert PuzzleTask(n=4, require_tool_call=False).reward(
         Rollout(budget=1, status=Status.COMPLETED, env_reward=1.0), None) == 1.0
+
+
+def test_arithmetic_reward_without_the_env_reads_the_final_answer(tok):
+    """Without an env reward the task decodes the final turn and reads it as the env does."""
+    _, tokenizer = tok
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    task = ArithmeticTask(seed=0, env_checks_answer=False)
+    (spec,) = task.sample(1, step=1)
+    assert spec.env_args is None
+    answer = spec.meta["answer"]
+    with_commas = f"{int(answer):,}"
+
+    def reward(text):
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        r = Rollout(budget=len(ids) + 2, meta=spec.meta)
+        r.start([1, 2])
+        r.append_generated(ids, [-0.1] * len(ids), "stop", len(ids))
+        r.complete()
+        return task.reward(r, decode)
+
+    assert reward(f"<think>maybe 12</think>The product is {with_commas}.<|im_end|>") == 1.0
+    assert reward(f"{answer} is not it, it is 12<|im_end|>") == 0.0
+    assert reward("I do not know.<|im_end|>") == 0.0
 
 
 def test_warm_start_config_defaults_off_and_demo_turns_it_on():
