@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from tito.answers import answer_matches
+from tito.types import Message, Role
 from trainer.rollout import RolloutSpec
 from trainer.state import Rollout, Status
 
@@ -93,9 +94,9 @@ class ArithmeticTask:
             a, b = rng.randint(lo, hi), rng.randint(lo, hi)
             answer = str(a * b)
             messages = [
-                {"role": "system", "content": "You are a careful assistant. Use the run_python tool "
-                 "for any arithmetic, then reply with the final number only."},
-                {"role": "user", "content": f"What is {a} * {b}?"},
+                Message(Role.SYSTEM, "You are a careful assistant. Use the run_python tool "
+                        "for any arithmetic, then reply with the final number only."),
+                Message(Role.USER, f"What is {a} * {b}?"),
             ]
             env_args = {"expected_answer": answer} if self.env_checks_answer else None
             specs.append(RolloutSpec(group=g, messages=messages, env_args=env_args,
@@ -204,9 +205,9 @@ class PuzzleTask:
         self.system = self.SYSTEM if system is None else system
 
     def _spec(self, group: int, p: dict[str, str]) -> RolloutSpec:
-        messages = [{"role": "user", "content": p["question"]}]
+        messages = [Message(Role.USER, p["question"])]
         if self.system:
-            messages.insert(0, {"role": "system", "content": self.system})
+            messages.insert(0, Message(Role.SYSTEM, self.system))
         return RolloutSpec(group=group, messages=messages, env_args={"expected_answer": p["answer"]},
                            meta=dict(p))
 

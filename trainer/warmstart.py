@@ -34,10 +34,10 @@ import torch
 from trainer.backends.base import GenRequest
 from trainer.backends.scripted import ScriptedBackend
 from trainer.config import WarmStartConfig
-from trainer.env_client import EnvClient, OpenedSession, StepOutcome
+from trainer.env_client import EnvClient, RecordingEnvClient
 from trainer.model import collate, target_logprobs
-from trainer.rollout import GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec, spec_index
-from trainer.state import Rollout, Status
+from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
+from trainer.state import Rollout, Status, TruncationCause
 
 log = logging.getLogger(__name__)
 
@@ -46,28 +46,6 @@ Encode = Callable[[str], list[int]]
 
 class WarmStartError(RuntimeError):
     pass
-
-
-class _StepRecorder:
-    """Passes calls through to the env and keeps each session's Step outcomes (for the record
-    of each demonstration)."""
-
-    def __init__(self, inner: EnvClient) -> None:
-        self.inner = inner
-        self.steps: dict[str, list[StepOutcome]] = {}
-
-    async def open_session(self, environment, messages, env_args) -> OpenedSession:
-        opened = await self.inner.open_session(environment, messages, env_args)
-        self.steps[opened.session_id] = []
-        return opened
-
-    async def step(self, session_id, seq, completion_ids, max_suffix_tokens) -> StepOutcome:
-        out = await self.inner.step(session_id, seq, completion_ids, max_suffix_tokens)
-        self.steps[session_id].append(out)
-        return out
-
-    async def close_session(self, session_id) -> None:
-        await self.inner.close_session(session_id)
 
 
 async def build_demonstrations(
@@ -80,22 +58,16 @@ async def build_demonstrations(
     With `model`, each demonstration's logprobs are the model's teacher-forced logprobs (for
     inspection; SFT does not use them), else -1.0.
     """
-    recorder = _StepRecorder(env)
+    recorder = RecordingEnvClient(env)
     texts: dict[tuple[int, int], str] = {}
 
     def script(req: GenRequest) -> list[int]:
-        which = spec_index(req.key)
-        text = teacher.teacher_turn(specs[which].meta, req.turn)
-        texts[(which, req.turn)] = text
+        text = teacher.teacher_turn(specs[req.key.spec].meta, req.turn)
+        texts[(req.key.spec, req.turn)] = text
         return encode(text)
 
-    backend = ScriptedBackend(script, model=model)
-    scheduler = GenerationScheduler(backend, max_wait_s=0.01)
-    runner = RolloutRunner(limits, scheduler, recorder, environment, stop_token_ids)
-    try:
-        rollouts, stats = await runner.run_batch(specs)
-    finally:
-        await scheduler.close()
+    rollouts, stats = await run_rollouts(specs, ScriptedBackend(script, model=model), recorder, environment,
+                                         limits, stop_token_ids, gen_batch_wait_s=0.01)
     if stats.dropped:
         raise WarmStartError(f"{stats.dropped} demonstration(s) failed: "
                              f"{sorted(set(stats.abort_reasons))[:3]}")
@@ -106,13 +78,13 @@ async def build_demonstrations(
         steps = recorder.steps.get(r.session_id, [])
         records.append({
             "demo": i, "meta": r.meta, "teacher_turns": turns,
-            "tool_messages": [m.get("content", "") for s in steps for m in s.tool_messages],
+            "tool_messages": [m.content for s in steps for m in s.tool_messages],
             "env_reward": r.env_reward, **r.summary(),
         })
         why = None
         if r.status is not Status.COMPLETED:
             why = f"{r.status.value}" + (f" ({r.truncation.value})" if r.truncation else "")
-            if r.truncation is not None and r.truncation.value == "length":
+            if r.truncation is TruncationCause.LENGTH:
                 longest = max(t.generated for t in r.turns) if r.turns else 0
                 why += (f": a teacher turn needs more than budget.per_turn / context allows "
                         f"(longest turn so far {longest} tokens)")
