@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from tito.answers import answer_matches
 from tito.types import Message, Role
@@ -29,6 +29,7 @@ from trainer.rollout import RolloutSpec
 from trainer.state import Rollout, Status
 
 Decode = Callable[[list[int]], str]
+Encode = Callable[[str], list[int]]
 
 
 class Task(Protocol):
@@ -42,6 +43,7 @@ class Task(Protocol):
     def reward(self, rollout: Rollout, decode: Decode | None) -> float: ...
 
 
+@runtime_checkable
 class TeacherTask(Protocol):
     """A task that can script demonstrations for the warm start."""
 
