@@ -10,8 +10,17 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.config import ConfigError, load_config
+from trainer.config import ConfigError, TrainConfig, load_config
 from trainer.env_client import EnvError
+
+
+async def train_from_config(cfg: TrainConfig) -> list[dict]:
+    # Imported here so that a config error is reported before torch loads.
+    from trainer.setup import open_run
+    from trainer.train import train
+
+    async with open_run(cfg) as run:
+        return await train(run, cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
-    from trainer.train import run_training
     from trainer.warmstart import WarmStartError
 
     t0 = time.perf_counter()
     try:
-        history = asyncio.run(run_training(cfg))
+        history = asyncio.run(train_from_config(cfg))
     except EnvError as e:
         print(f"env server error: {e}", file=sys.stderr)
         return 1

@@ -13,21 +13,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.backends.base import GenerationBackend, GenRequest, GenResult
+from tito.types import Message, StepStatus
+from trainer.backends.base import FinishReason, GenerationBackend, GenRequest, GenResult, RolloutKey
+from trainer.config import TrainConfig
 from trainer.env_client import EnvClient
 from trainer.state import Rollout, Status, TruncationCause
 
 log = logging.getLogger(__name__)
-
-
-def rollout_key(index: int) -> str:
-    """The key of the index-th spec of a batch; attempts append "#<attempt>" (see spec_index)."""
-    return f"r{index}"
-
-
-def spec_index(key: str) -> int:
-    """The spec index a generation request's key belongs to (for scripted policies)."""
-    return int(key[1:].split("#", 1)[0])
 
 
 @dataclass(frozen=True)
@@ -43,17 +35,27 @@ class RolloutLimits:
         if self.budget < 2 or self.per_turn_cap < 1 or self.reserve < 0 or self.max_turns < 1:
             raise ValueError(f"invalid rollout limits: {self}")
 
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> RolloutLimits:
+        b = cfg.budget
+        return cls(budget=b.context, per_turn_cap=b.per_turn, reserve=b.reserve, max_turns=b.max_turns,
+                   temperature=cfg.temperature, retries=cfg.retries)
+
 
 @dataclass
 class RolloutSpec:
     """What one rollout starts from. For env tasks the server renders `messages` to prompt_ids;
-    tasks without an environment supply `prompt_ids` directly (never rendered by the trainer)."""
+    tasks without an environment supply `prompt_ids` directly (never rendered by the trainer).
+    Messages may be given as OpenAI-style dicts; they are kept as `Message`s."""
 
     group: int
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     env_args: dict[str, Any] | None = None
     prompt_ids: list[int] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.messages = [Message.coerce(m) for m in self.messages]
 
 
 @dataclass
@@ -78,7 +80,6 @@ class GenerationScheduler:
         self._pending: list[tuple[GenRequest, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.batches: list[int] = []  # sizes, for metrics/tests
 
     def register(self) -> None:
         self.active += 1
@@ -109,7 +110,6 @@ class GenerationScheduler:
                 except TimeoutError:
                     break
             batch, self._pending = self._pending, []
-            self.batches.append(len(batch))
             try:
                 results = await self.backend.generate([r for r, _ in batch])
                 if len(results) != len(batch):
@@ -144,10 +144,9 @@ class RolloutRunner:
         self.stop_token_ids = tuple(stop_token_ids)
         self.close_timeout_s = close_timeout_s
 
-    async def run_one(self, spec: RolloutSpec, attempt: int = 0, key: str = "") -> Rollout:
+    async def run_one(self, spec: RolloutSpec, key: RolloutKey) -> Rollout:
         """One attempt, from a clean state. Never raises for env or backend failures."""
-        lim = self.limits
-        r = Rollout(budget=lim.budget, group=spec.group, attempt=attempt, meta=dict(spec.meta))
+        r = Rollout(budget=self.limits.budget, group=spec.group, attempt=key.attempt, meta=dict(spec.meta))
         self.scheduler.register()
         try:
             await self._episode(r, spec, key)
@@ -167,7 +166,7 @@ class RolloutRunner:
                     log.warning("CloseSession(%s) failed: %s", r.session_id, e)
         return r
 
-    async def _episode(self, r: Rollout, spec: RolloutSpec, key: str) -> None:
+    async def _episode(self, r: Rollout, spec: RolloutSpec, key: RolloutKey) -> None:
         lim = self.limits
         if self.env is None:
             if not spec.prompt_ids:
@@ -198,7 +197,7 @@ class RolloutRunner:
                 r.abort("backend generated no tokens")
                 return
             rec = r.append_generated(res.ids, res.logprobs, res.finish_reason, max_new)
-            if res.finish_reason == "length":
+            if res.finish_reason is FinishReason.LENGTH:
                 # Cut mid-turn: a half-written tool call must not run.
                 r.truncate(TruncationCause.LENGTH)
                 return
@@ -206,35 +205,43 @@ class RolloutRunner:
                 r.complete()
                 return
             max_suffix = r.remaining - lim.reserve
-            # 0 means "no limit" on the wire: ask for at least 1 and let the check below decide.
-            step = await self.env.step(r.session_id, turn + 1, res.ids, max(1, max_suffix))
+            # No room is a real budget of zero, never "no limit" (None).
+            step = await self.env.step(r.session_id, turn + 1, res.ids, max(0, max_suffix))
             rec.step_status = step.status
-            rec.tool_calls = step.num_tool_calls
+            rec.tool_calls = len(step.tool_calls)
             rec.tool_truncated = step.truncated
-            rec.tools_ms = step.tools_ms
-            if step.status == "SANDBOX_LOST":
-                r.abort(f"sandbox lost: {step.detail or 'no detail'}")
-                return
-            # Overflow first: the server may also mark an overflowing step `done`, but the
-            # episode did not end on its own, so it is a truncation, not a completion.
-            if step.status == "SUFFIX_OVERFLOW" or (not step.done and len(step.suffix_ids) > max_suffix):
-                r.truncate(TruncationCause.TOOL_OVERFLOW)
-                return
-            if step.done:
-                r.complete(step.reward)
-                return
-            if turn == lim.max_turns - 1:
-                # Last allowed turn: the episode goes on, but we stop here (suffix not appended).
-                r.truncate(TruncationCause.MAX_TURNS)
-                return
-            r.append_env(step.suffix_ids)
+            rec.tools_ms = step.timing.tools_ms
+            # The status is the one authority: OK goes on, every other status ends the rollout.
+            match step.status:
+                case StepStatus.OK if len(step.suffix_ids) > max_suffix:
+                    # More than the budget (a server that reads 0 as "no limit" sends it all):
+                    # the trainer enforces the budget itself.
+                    r.truncate(TruncationCause.TOOL_OVERFLOW)
+                    return
+                case StepStatus.OK if turn == lim.max_turns - 1:
+                    # Last allowed turn: the episode goes on, but we stop here (suffix not appended).
+                    r.truncate(TruncationCause.MAX_TURNS)
+                    return
+                case StepStatus.OK:
+                    r.append_env(step.suffix_ids)
+                case StepStatus.EPISODE_END:
+                    r.complete(step.reward)
+                    return
+                case StepStatus.SUFFIX_OVERFLOW:
+                    r.truncate(TruncationCause.TOOL_OVERFLOW)
+                    return
+                case StepStatus.SANDBOX_LOST:
+                    r.abort(f"sandbox lost: {step.detail or 'no detail'}")
+                    return
+                case _:  # ERROR (or UNSPECIFIED): the session is over mid-episode
+                    r.abort(f"Step {step.status.name}: {step.detail or 'no detail'}")
+                    return
 
-    async def run_with_retries(self, spec: RolloutSpec, stats: BatchStats, key: str = ""
-                               ) -> Rollout | None:
+    async def run_with_retries(self, spec: RolloutSpec, index: int, stats: BatchStats) -> Rollout | None:
         """Retry aborted rollouts from scratch (a new Rollout, a new session); None if dropped."""
         for attempt in range(self.limits.retries + 1):
             stats.attempts += 1
-            r = await self.run_one(spec, attempt, key=f"{key}#{attempt}")
+            r = await self.run_one(spec, RolloutKey(index, attempt))
             if r.status is not Status.ABORTED:
                 return r
             stats.aborted_attempts += 1
@@ -243,10 +250,21 @@ class RolloutRunner:
         return None
 
     async def run_batch(self, specs: list[RolloutSpec]) -> tuple[list[Rollout], BatchStats]:
+        """Every spec's rollout, concurrently; the dropped ones are left out, the rest keep the order."""
         stats = BatchStats()
-        results = await asyncio.gather(
-            *(self.run_with_retries(s, stats, key=rollout_key(i)) for i, s in enumerate(specs)))
+        results = await asyncio.gather(*(self.run_with_retries(s, i, stats) for i, s in enumerate(specs)))
         if stats.dropped:
             log.warning("dropped %d of %d rollouts after %d retries (reasons: %s)", stats.dropped,
                         len(specs), self.limits.retries, sorted(set(stats.abort_reasons))[:5])
         return [r for r in results if r is not None], stats
+
+
+async def run_rollouts(specs: list[RolloutSpec], backend: GenerationBackend, env: EnvClient | None,
+                       environment: str, limits: RolloutLimits, stop_token_ids: list[int], *,
+                       gen_batch_wait_s: float) -> tuple[list[Rollout], BatchStats]:
+    """`RolloutRunner.run_batch` with a generation scheduler of its own, closed afterwards."""
+    scheduler = GenerationScheduler(backend, max_wait_s=gen_batch_wait_s)
+    try:
+        return await RolloutRunner(limits, scheduler, env, environment, stop_token_ids).run_batch(specs)
+    finally:
+        await scheduler.close()

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tito.types import StepStatus
+from trainer.backends.base import FinishReason
 
 # Placeholder logprob for positions the model did not generate (prompt and environment tokens).
 # NaN, not 0.0, so that a bug that feeds them into the loss shows up loudly instead of silently.
@@ -39,12 +43,12 @@ class TurnRecord:
 
     index: int
     generated: int  # tokens generated this turn
-    finish_reason: str  # "stop" | "length"
+    finish_reason: FinishReason
     max_new: int
     suffix_len: int = 0  # env tokens appended after the turn
     tool_calls: int = 0
     tool_truncated: bool = False  # the env cut some tool output to fit
-    step_status: str | None = None  # StepStatus name, when Step was called
+    step_status: StepStatus | None = None  # when Step was called
     tools_ms: float = 0.0
 
 
@@ -122,7 +126,7 @@ class Rollout:
         if self.status is not Status.RUNNING:
             raise RolloutStateError(f"cannot {what}: rollout is {self.status.value}")
 
-    def start(self, prompt_ids: list[int]) -> None:
+    def start(self, prompt_ids: Sequence[int]) -> None:
         self._require_running("set the prompt")
         if self.ids:
             raise RolloutStateError("prompt already set; a retry must start from a new Rollout")
@@ -138,7 +142,7 @@ class Rollout:
         self.prompt_len = len(prompt_ids)
 
     def append_generated(
-        self, ids: list[int], logprobs: list[float], finish_reason: str, max_new: int
+        self, ids: list[int], logprobs: list[float], finish_reason: FinishReason, max_new: int
     ) -> TurnRecord:
         """Append one assistant turn as generated (mask 1). Validates before touching state."""
         self._require_running("append generated tokens")
@@ -154,7 +158,7 @@ class Rollout:
             raise RolloutStateError(
                 f"{len(ids)} generated tokens do not fit the {self.remaining} left in the budget"
             )
-        if finish_reason not in ("stop", "length"):
+        if not isinstance(finish_reason, FinishReason):
             raise RolloutStateError(f"unknown finish_reason {finish_reason!r}")
         self.ids.extend(ids)
         self.mask.extend([1] * len(ids))
@@ -165,7 +169,7 @@ class Rollout:
         self.turns.append(turn)
         return turn
 
-    def append_env(self, suffix_ids: list[int]) -> None:
+    def append_env(self, suffix_ids: Sequence[int]) -> None:
         """Append environment-rendered ids verbatim (mask 0). Refuses to overflow the budget."""
         self._require_running("append environment tokens")
         if not self.turns:

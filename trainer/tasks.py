@@ -12,22 +12,24 @@
 
 Tasks that use the interpreter can also act as a *teacher* for the warm start
 (`trainer/warmstart.py`): `demo_specs()` lists the prompts to demonstrate, `teacher_turn()` writes
-the scripted assistant text of each turn (turn 0: a `run_python` call; turn 1: the final answer,
-built from the tool message the env server actually returned).
+the scripted assistant text of each turn (turn 0: a `run_python` call; turn 1: the task's own
+answer, which the env then checks against what the sandbox computed).
 """
 
 from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
+from tito.answers import answer_matches
+from tito.types import Message, Role
 from trainer.rollout import RolloutSpec
 from trainer.state import Rollout, Status
 
 Decode = Callable[[list[int]], str]
+Encode = Callable[[str], list[int]]
 
 
 class Task(Protocol):
@@ -41,6 +43,7 @@ class Task(Protocol):
     def reward(self, rollout: Rollout, decode: Decode | None) -> float: ...
 
 
+@runtime_checkable
 class TeacherTask(Protocol):
     """A task that can script demonstrations for the warm start."""
 
@@ -72,9 +75,6 @@ def _rollout_used_tool(rollout: Rollout) -> bool:
     return rollout.tool_calls > 0
 
 
-_NUMBER = re.compile(r"[-+]?\d[\d,]*")
-
-
 class ArithmeticTask:
     name = "arithmetic"
     uses_env = True
@@ -96,9 +96,9 @@ class ArithmeticTask:
             a, b = rng.randint(lo, hi), rng.randint(lo, hi)
             answer = str(a * b)
             messages = [
-                {"role": "system", "content": "You are a careful assistant. Use the run_python tool "
-                 "for any arithmetic, then reply with the final number only."},
-                {"role": "user", "content": f"What is {a} * {b}?"},
+                Message(Role.SYSTEM, "You are a careful assistant. Use the run_python tool "
+                        "for any arithmetic, then reply with the final number only."),
+                Message(Role.USER, f"What is {a} * {b}?"),
             ]
             env_args = {"expected_answer": answer} if self.env_checks_answer else None
             specs.append(RolloutSpec(group=g, messages=messages, env_args=env_args,
@@ -120,9 +120,8 @@ class ArithmeticTask:
             return float(rollout.env_reward)
         if decode is None:
             raise ValueError("arithmetic reward needs the env's reward or a decoder")
-        text = decode(rollout.last_turn_ids())
-        numbers = [n.replace(",", "") for n in _NUMBER.findall(text)]
-        return 1.0 if numbers and numbers[-1].lstrip("+") == rollout.meta["answer"] else 0.0
+        # The same reading of the final answer as the environment's own check.
+        return 1.0 if answer_matches(decode(rollout.last_turn_ids()), rollout.meta["answer"]) else 0.0
 
 
 class TokenSubsetTask:
@@ -208,9 +207,9 @@ class PuzzleTask:
         self.system = self.SYSTEM if system is None else system
 
     def _spec(self, group: int, p: dict[str, str]) -> RolloutSpec:
-        messages = [{"role": "user", "content": p["question"]}]
+        messages = [Message(Role.USER, p["question"])]
         if self.system:
-            messages.insert(0, {"role": "system", "content": self.system})
+            messages.insert(0, Message(Role.SYSTEM, self.system))
         return RolloutSpec(group=group, messages=messages, env_args={"expected_answer": p["answer"]},
                            meta=dict(p))
 

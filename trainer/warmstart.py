@@ -20,58 +20,60 @@ or the warm start refuses to train on it. The loss is the cross-entropy of the m
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import math
 import random
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer import report
 from trainer.backends.base import GenRequest
 from trainer.backends.scripted import ScriptedBackend
-from trainer.config import WarmStartConfig
-from trainer.env_client import EnvClient, OpenedSession, StepOutcome
+from trainer.config import TrainConfig, WarmStartConfig
+from trainer.env_client import EnvClient, RecordingEnvClient
 from trainer.model import collate, target_logprobs
-from trainer.rollout import GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec, spec_index
-from trainer.state import Rollout, Status
+from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
+from trainer.state import Rollout, Status, TruncationCause
+from trainer.tasks import Encode, TeacherTask
+
+if TYPE_CHECKING:
+    from trainer.setup import Run
 
 log = logging.getLogger(__name__)
-
-Encode = Callable[[str], list[int]]
 
 
 class WarmStartError(RuntimeError):
     pass
 
 
-class _StepRecorder:
-    """Passes calls through to the env and keeps each session's Step outcomes (for the record
-    of each demonstration)."""
-
-    def __init__(self, inner: EnvClient) -> None:
-        self.inner = inner
-        self.steps: dict[str, list[StepOutcome]] = {}
-
-    async def open_session(self, environment, messages, env_args) -> OpenedSession:
-        opened = await self.inner.open_session(environment, messages, env_args)
-        self.steps[opened.session_id] = []
-        return opened
-
-    async def step(self, session_id, seq, completion_ids, max_suffix_tokens) -> StepOutcome:
-        out = await self.inner.step(session_id, seq, completion_ids, max_suffix_tokens)
-        self.steps[session_id].append(out)
-        return out
-
-    async def close_session(self, session_id) -> None:
-        await self.inner.close_session(session_id)
+async def run_warm_start(run: Run, cfg: TrainConfig, limits: RolloutLimits, out: Path) -> None:
+    """Demonstrations through the env server (demonstrations.jsonl), SFT on them (warmstart.jsonl
+    and .png), then the generation backend gets the new weights."""
+    task = run.task
+    if not isinstance(task, TeacherTask):
+        raise WarmStartError(f"task {task.name!r} has no teacher: set warm_start.steps: 0")
+    if run.env is None or not task.uses_env:
+        raise WarmStartError("the warm start builds demonstrations through the env server")
+    if run.encode_teacher_text is None:
+        raise WarmStartError("the warm start needs the tokenizer to encode teacher text")
+    t0 = time.perf_counter()
+    demos, records = await build_demonstrations(
+        task.demo_specs(), task, run.encode_teacher_text, run.env, cfg.env.environment, limits,
+        run.stop_token_ids, model=run.model)
+    (out / "demonstrations.jsonl").write_text("")
+    report.append_jsonl(out / "demonstrations.jsonl", records)
+    log.info("warm start: %d demonstrations through the env in %.1fs", len(demos), time.perf_counter() - t0)
+    await asyncio.to_thread(warm_start, run.model, demos, cfg.warm_start, pad_id=run.pad_id,
+                            device=run.device, out_dir=out, seed=cfg.seed, progress=cfg.progress)
+    run.backend.sync_weights(run.model)
 
 
 async def build_demonstrations(
-    specs: list[RolloutSpec], teacher, encode: Encode, env: EnvClient, environment: str,
+    specs: list[RolloutSpec], teacher: TeacherTask, encode: Encode, env: EnvClient, environment: str,
     limits: RolloutLimits, stop_token_ids: list[int], model=None,
 ) -> tuple[list[Rollout], list[dict[str, Any]]]:
     """Run the teacher over `specs` through the env; returns (demonstrations, a record of each).
@@ -80,22 +82,16 @@ async def build_demonstrations(
     With `model`, each demonstration's logprobs are the model's teacher-forced logprobs (for
     inspection; SFT does not use them), else -1.0.
     """
-    recorder = _StepRecorder(env)
+    recorder = RecordingEnvClient(env)
     texts: dict[tuple[int, int], str] = {}
 
     def script(req: GenRequest) -> list[int]:
-        which = spec_index(req.key)
-        text = teacher.teacher_turn(specs[which].meta, req.turn)
-        texts[(which, req.turn)] = text
+        text = teacher.teacher_turn(specs[req.key.spec].meta, req.turn)
+        texts[(req.key.spec, req.turn)] = text
         return encode(text)
 
-    backend = ScriptedBackend(script, model=model)
-    scheduler = GenerationScheduler(backend, max_wait_s=0.01)
-    runner = RolloutRunner(limits, scheduler, recorder, environment, stop_token_ids)
-    try:
-        rollouts, stats = await runner.run_batch(specs)
-    finally:
-        await scheduler.close()
+    rollouts, stats = await run_rollouts(specs, ScriptedBackend(script, model=model), recorder, environment,
+                                         limits, stop_token_ids, gen_batch_wait_s=0.01)
     if stats.dropped:
         raise WarmStartError(f"{stats.dropped} demonstration(s) failed: "
                              f"{sorted(set(stats.abort_reasons))[:3]}")
@@ -106,13 +102,13 @@ async def build_demonstrations(
         steps = recorder.steps.get(r.session_id, [])
         records.append({
             "demo": i, "meta": r.meta, "teacher_turns": turns,
-            "tool_messages": [m.get("content", "") for s in steps for m in s.tool_messages],
+            "tool_messages": [m.content for s in steps for m in s.tool_messages],
             "env_reward": r.env_reward, **r.summary(),
         })
         why = None
         if r.status is not Status.COMPLETED:
             why = f"{r.status.value}" + (f" ({r.truncation.value})" if r.truncation else "")
-            if r.truncation is not None and r.truncation.value == "length":
+            if r.truncation is TruncationCause.LENGTH:
                 longest = max(t.generated for t in r.turns) if r.turns else 0
                 why += (f": a teacher turn needs more than budget.per_turn / context allows "
                         f"(longest turn so far {longest} tokens)")
@@ -148,62 +144,37 @@ def warm_start(model, demos: list[Rollout], cfg: WarmStartConfig, *, pad_id: int
     path = out_dir / "warmstart.jsonl" if out_dir is not None else None
     if path is not None:
         path.write_text("")
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, desc="warm start", unit="step")
     order: list[Rollout] = []
     model.train()
     try:
-        for step in range(1, cfg.steps + 1):
-            t0 = time.perf_counter()
-            if bs >= len(demos):
-                batch = demos
-            else:
-                if len(order) < bs:  # each demonstration once per epoch, shuffled
-                    more = list(demos)
-                    rng.shuffle(more)
-                    order.extend(more)
-                batch, order = order[:bs], order[bs:]
-            opt.zero_grad(set_to_none=True)
-            loss, n = sft_loss(model, batch, pad_id, device)
-            loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
-            opt.step()
-            m = {"phase": "warm_start", "step": step, "loss": float(loss.detach()),
-                 "tokens": n, "demos": len(batch), "grad_norm": grad_norm,
-                 "lr": cfg.learning_rate, "step_time_s": time.perf_counter() - t0}
-            if not math.isfinite(m["loss"]):
-                raise WarmStartError(f"warm start step {step}: loss is {m['loss']}")
-            history.append(m)
-            if path is not None:
-                with open(path, "a") as f:
-                    f.write(json.dumps(m) + "\n")
-            if bar is not None:
-                bar.set_postfix(loss=f"{m['loss']:.3f}")
-                bar.update(1)
+        with report.ProgressBar(progress, cfg.steps, "warm start") as bar:
+            for step in range(1, cfg.steps + 1):
+                t0 = time.perf_counter()
+                if bs >= len(demos):
+                    batch = demos
+                else:
+                    if len(order) < bs:  # each demonstration once per epoch, shuffled
+                        more = list(demos)
+                        rng.shuffle(more)
+                        order.extend(more)
+                    batch, order = order[:bs], order[bs:]
+                opt.zero_grad(set_to_none=True)
+                loss, n = sft_loss(model, batch, pad_id, device)
+                loss.backward()
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+                opt.step()
+                m = {"phase": "warm_start", "step": step, "loss": float(loss.detach()),
+                     "tokens": n, "demos": len(batch), "grad_norm": grad_norm,
+                     "lr": cfg.learning_rate, "step_time_s": time.perf_counter() - t0}
+                if not math.isfinite(m["loss"]):
+                    raise WarmStartError(f"warm start step {step}: loss is {m['loss']}")
+                history.append(m)
+                if path is not None:
+                    report.append_jsonl(path, [m])
+                bar.advance(loss=f"{m['loss']:.3f}")
     finally:
-        if bar is not None:
-            bar.close()
         opt.zero_grad(set_to_none=True)
     if out_dir is not None and history:
-        plot_warm_start(history, out_dir / "warmstart.png")
+        report.plot_warm_start(history, out_dir / "warmstart.png")
     return history
 
-
-def plot_warm_start(history: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot([m["step"] for m in history], [m["loss"] for m in history])
-    ax.set_yscale("log")
-    ax.set_xlabel("warm-start step")
-    ax.set_ylabel("SFT loss (nats/token)")
-    ax.set_title("warm start on demonstrations")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -17,17 +17,30 @@ import pytest
 import torch
 
 from tests.harness import REPO
-from tests.trainer.recording import Recorder
-from trainer.tasks import tool_call_text as call
+from tito.types import StepStatus
 from trainer.backends.scripted import ScriptedBackend
-from trainer.env_client import GrpcEnvClient
+from trainer.env_client import GrpcEnvClient, RecordingEnvClient
 from trainer.model import build_tiny_qwen3, collate, target_logprobs
-from trainer.rollout import GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
+from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
 from trainer.state import Status, TruncationCause
+from trainer.tasks import tool_call_text as call
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 MESSAGES = [{"role": "user", "content": "What is 6 * 7? Use run_python."}]
+
+
+class FirstStepToUnknownSession(RecordingEnvClient):
+    """Sends the first Step to a session the server does not know: the real server answers
+    NOT_FOUND, as after a restart. Only that rollout may abort; its retry must start clean."""
+
+    sabotaged = False
+
+    async def step(self, session_id, seq, completion_ids, max_suffix_tokens):
+        if not self.sabotaged:
+            self.sabotaged = True
+            return await self.inner.step("no-such-session", seq, completion_ids, max_suffix_tokens)
+        return await super().step(session_id, seq, completion_ids, max_suffix_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -53,20 +66,15 @@ async def _run(server, files, tokenizer, model, scripts, limits, *, env_args=Non
                n=1):
     client, reg = await _connect(server, files)
     try:
-        rec = Recorder(client.bind(reg.fingerprint), sabotage_first_step=sabotage)
+        rec = (FirstStepToUnknownSession if sabotage else RecordingEnvClient)(client.bind(reg.fingerprint))
         turns = {i: [_encode(tokenizer, t) for t in s] for i, s in enumerate(scripts)}
 
         def script(req):
-            which = int(req.key[1:].split("#")[0])
-            return turns[which][req.turn]
+            return turns[req.key.spec][req.turn]
 
-        sched = GenerationScheduler(ScriptedBackend(script, model=model), max_wait_s=0.01)
-        runner = RolloutRunner(limits, sched, rec, "python", reg.stop_token_ids)
         specs = [RolloutSpec(group=0, messages=MESSAGES, env_args=env_args) for _ in range(n)]
-        try:
-            rollouts, stats = await runner.run_batch(specs)
-        finally:
-            await sched.close()
+        rollouts, stats = await run_rollouts(specs, ScriptedBackend(script, model=model), rec, "python",
+                                             limits, reg.stop_token_ids, gen_batch_wait_s=0.01)
         return rollouts, stats, rec, turns, reg
     finally:
         await client.close()
@@ -82,16 +90,17 @@ def test_multi_turn_rollout_ids_are_exact_concatenation(server, tok, model):
     (r,) = rollouts
     assert r.status is Status.COMPLETED and r.env_reward == 1.0
     steps = rec.steps[r.session_id]
-    assert [s.status for s in steps] == ["OK", "OK", "EPISODE_END"]
-    assert "42" in steps[0].tool_messages[0]["content"]
+    assert [s.status for s in steps] == [StepStatus.OK, StepStatus.OK, StepStatus.EPISODE_END]
+    assert [t.step_status for t in r.turns] == [s.status for s in steps]
+    assert "42" in steps[0].tool_messages[0].content
     gens = turns[0]
-    expected = rec.prompts[r.session_id] + gens[0] + steps[0].suffix_ids + gens[1] + \
-        steps[1].suffix_ids + gens[2]
+    expected = [*rec.prompts[r.session_id], *gens[0], *steps[0].suffix_ids, *gens[1],
+                *steps[1].suffix_ids, *gens[2]]
     assert r.ids == expected  # verbatim: prompt, each turn's generated ids, each suffix, in order
     mask = [0] * r.prompt_len + [1] * len(gens[0]) + [0] * len(steps[0].suffix_ids) + \
         [1] * len(gens[1]) + [0] * len(steps[1].suffix_ids) + [1] * len(gens[2])
     assert r.mask == mask
-    assert all(len(s.suffix_ids) > 0 for s in steps[:2]) and steps[2].suffix_ids == []
+    assert all(len(s.suffix_ids) > 0 for s in steps[:2]) and steps[2].suffix_ids == ()
     assert gens[0][-1] in reg.stop_token_ids
     r.check()
     assert rec.closed == [r.session_id]
@@ -120,14 +129,14 @@ def test_suffix_cut_to_budget_then_overflow_truncates(server, tok, model):
     (r,) = rollouts
     steps = rec.steps[r.session_id]
     # Turn 1: the server cut the tool output (head/tail + marker) to fit max_suffix_tokens = k.
-    assert steps[0].status == "OK" and steps[0].truncated
+    assert steps[0].status is StepStatus.OK and steps[0].truncated
     assert 0 < len(steps[0].suffix_ids) <= k
     assert r.turns[0].suffix_len == len(steps[0].suffix_ids) and r.turns[0].tool_truncated
     # Turn 2: not even the minimal suffix fits what is left: truncated, nothing appended.
     assert r.status is Status.TRUNCATED and r.truncation is TruncationCause.TOOL_OVERFLOW, \
         (r.summary(), [(s.status, len(s.suffix_ids)) for s in steps])
     assert len(r.turns) == 2 and r.turns[1].suffix_len == 0
-    assert r.ids == rec.prompts[r.session_id] + turns[0][0] + steps[0].suffix_ids + turns[0][1]
+    assert r.ids == [*rec.prompts[r.session_id], *turns[0][0], *steps[0].suffix_ids, *turns[0][1]]
     assert r.mask == [0] * p + [1] * g + [0] * len(steps[0].suffix_ids) + [1] * g2
     assert len(r.ids) == len(r.mask) == len(r.logprobs) <= limits.budget
     r.check()
@@ -144,9 +153,9 @@ def test_env_failure_aborts_one_rollout_and_retry_starts_clean(server, tok, mode
     assert sorted(r.attempt for r in rollouts) == [0, 0, 1]
     for r in rollouts:
         assert r.status is Status.COMPLETED
-        assert r.ids[: r.prompt_len] == rec.prompts[r.session_id]  # a fresh session's prompt
-        assert r.ids == rec.prompts[r.session_id] + turns[0][0] + \
-            rec.steps[r.session_id][0].suffix_ids + turns[0][1]
+        assert r.ids[: r.prompt_len] == list(rec.prompts[r.session_id])  # a fresh session's prompt
+        assert r.ids == [*rec.prompts[r.session_id], *turns[0][0], *rec.steps[r.session_id][0].suffix_ids,
+                         *turns[0][1]]
     assert len(rec.closed) == 4  # the aborted attempt's session was closed too
 
 

@@ -34,7 +34,7 @@ def test_cuda_backend_multi_turn_with_tools_logprobs_match(tmp_path):
     from tokenizers import Tokenizer
     from trainer.backends.hf import TransformersBackend
     from trainer.env_client import GrpcEnvClient
-    from trainer.rollout import GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
+    from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
 
     why = docker_available()
     if why:
@@ -59,9 +59,9 @@ def test_cuda_backend_multi_turn_with_tools_logprobs_match(tmp_path):
             for r in reqs:
                 if r.turn == 0:
                     from trainer.backends.scripted import teacher_forced_logprobs
-                    from trainer.backends.base import GenResult
+                    from trainer.backends.base import FinishReason, GenResult
                     res.append(GenResult(forced, teacher_forced_logprobs(model, r.prompt_ids, forced),
-                                         "stop"))
+                                         FinishReason.STOP))
                 else:
                     res.append(next(it))
             return res
@@ -71,14 +71,13 @@ def test_cuda_backend_multi_turn_with_tools_logprobs_match(tmp_path):
         async def go():
             client = GrpcEnvClient(srv.address)
             reg = await client.register_tokenizer(files)
-            sched = GenerationScheduler(FirstTurnToolCall())
-            runner = RolloutRunner(RolloutLimits(budget=1024, per_turn_cap=32, reserve=16, max_turns=2),
-                                   sched, client.bind(reg.fingerprint), "python", reg.stop_token_ids)
+            specs = [RolloutSpec(group=0, messages=[{"role": "user", "content": "What is 6*7?"}])
+                     for _ in range(4)]
+            limits = RolloutLimits(budget=1024, per_turn_cap=32, reserve=16, max_turns=2)
             try:
-                return await runner.run_batch([RolloutSpec(group=0, messages=[
-                    {"role": "user", "content": "What is 6*7?"}]) for _ in range(4)])
+                return await run_rollouts(specs, FirstTurnToolCall(), client.bind(reg.fingerprint), "python",
+                                          limits, reg.stop_token_ids, gen_batch_wait_s=0.02)
             finally:
-                await sched.close()
                 await client.close()
 
         rollouts, stats = asyncio.run(go())

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import torch
 
-from trainer.backends.base import GenRequest
+from trainer.backends.base import FinishReason, GenRequest
 from trainer.backends.hf import TransformersBackend, sample_tokens
 from trainer.backends.scripted import teacher_forced_logprobs
 from trainer.model import build_tiny_qwen3, collate, target_logprobs
@@ -30,7 +30,7 @@ def test_batched_logprobs_match_recompute(model):
     for req, res in zip(reqs, results):
         assert len(res.ids) == len(res.logprobs) >= 1
         assert len(res.ids) <= req.max_new
-        if res.finish_reason == "stop":
+        if res.finish_reason is FinishReason.STOP:
             assert res.ids[-1] in req.stop_token_ids
             assert not any(t in req.stop_token_ids for t in res.ids[:-1])
         else:
@@ -45,7 +45,7 @@ def test_stop_token_ends_turn_and_seeded_reproducible(model):
     probe = asyncio.run(backend.generate([GenRequest([5, 6], 1, (), temperature=0.0)]))[0]
     stop = probe.ids[0]
     res = asyncio.run(backend.generate([GenRequest([5, 6], 10, (stop,), temperature=0.0)]))[0]
-    assert res.ids == [stop] and res.finish_reason == "stop"
+    assert res.ids == [stop] and res.finish_reason is FinishReason.STOP
     a = asyncio.run(TransformersBackend(model, seed=7).generate([GenRequest([1, 2], 8, (), 1.0)]))
     b = asyncio.run(TransformersBackend(model, seed=7).generate([GenRequest([1, 2], 8, (), 1.0)]))
     assert a[0].ids == b[0].ids
@@ -69,7 +69,7 @@ def test_training_recompute_matches_sampler(model):
     r.start(prompt)
     r.append_generated(res.ids, res.logprobs, res.finish_reason, 6)
     r.append_env([7, 8, 9])
-    r.append_generated([11, 12], [-1.0, -1.0], "stop", 5)
+    r.append_generated([11, 12], [-1.0, -1.0], FinishReason.STOP, 5)
     batch = collate([r], torch.zeros(1), pad_id=0, device="cpu")
     with torch.no_grad():
         lp = target_logprobs(model, batch.input_ids, batch.mask, temperature=0.9, chunk=2)

@@ -12,8 +12,9 @@ import json
 from trainer.backends.hf import TransformersBackend
 from trainer.config import load_config
 from trainer.model import build_tiny_qwen3
+from trainer.setup import Run
 from trainer.tasks import TokenSubsetTask
-from trainer.train import Trainer
+from trainer.train import train
 
 # The random Qwen3 (2 layers, hidden 64) with a 2,048-row vocabulary: with the full 151,669-row
 # Qwen vocabulary each token is sampled too rarely for a 2-core CPU run of a few steps to move
@@ -30,9 +31,9 @@ def test_grpo_raises_reward(tmp_path):
     ])
     model = build_tiny_qwen3(vocab_size=VOCAB, seed=0)
     task = TokenSubsetTask(vocab_size=VOCAB, seed=0, fraction=0.5, prompt_len=8)
-    trainer = Trainer(cfg, model=model, backend=TransformersBackend(model, seed=0), task=task,
-                      env=None, stop_token_ids=[], pad_id=0)
-    history = asyncio.run(trainer.train())
+    run = Run(model=model, backend=TransformersBackend(model, seed=0), task=task, env=None,
+              stop_token_ids=[], pad_id=0)
+    history = asyncio.run(train(run, cfg))
     rewards = [m["reward_mean"] for m in history]
     start = sum(rewards[:2]) / 2
     end = sum(rewards[-2:]) / 2

@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from trainer.backends.base import GenRequest, GenResult
-from trainer.env_client import EnvError, OpenedSession, StepOutcome
+from tito.types import OpenedSession, StepResult, StepStatus, ToolCall, call_id
+from trainer.backends.base import FinishReason, GenRequest, GenResult
+from trainer.env_client import EnvError
 from trainer.rollout import BatchStats, GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
 from trainer.state import Rollout, RolloutStateError, Status, TruncationCause
 
@@ -28,8 +29,8 @@ class TurnPlan:
     stop: bool
     logprobs_ok: bool
     suffix_len: int
-    done: bool
-    status: str  # OK | SUFFIX_OVERFLOW | SANDBOX_LOST
+    done: bool  # with status OK: the episode ends (EPISODE_END)
+    status: StepStatus  # OK | SUFFIX_OVERFLOW | SANDBOX_LOST | ERROR
     step_fails: bool
 
 
@@ -47,7 +48,8 @@ turn_plans = st.builds(
     logprobs_ok=st.sampled_from([True] * 5 + [False]),
     suffix_len=st.integers(0, 60),
     done=st.booleans(),
-    status=st.sampled_from(["OK", "OK", "OK", "SUFFIX_OVERFLOW", "SANDBOX_LOST"]),
+    status=st.sampled_from([StepStatus.OK] * 3 + [StepStatus.SUFFIX_OVERFLOW, StepStatus.SANDBOX_LOST,
+                            StepStatus.ERROR]),
     step_fails=st.sampled_from([False] * 6 + [True]),
 )
 attempt_plans = st.builds(
@@ -62,11 +64,11 @@ attempt_plans = st.builds(
 class World:
     """Shared record of what the fake policy and env did, to check the rollouts against."""
 
-    plans: dict[str, list[AttemptPlan]]
-    attempts: dict[str, int] = field(default_factory=dict)
-    session_key: dict[str, tuple[str, int]] = field(default_factory=dict)
+    plans: dict[int, list[AttemptPlan]]  # by spec index, one plan per attempt
+    attempts: dict[int, int] = field(default_factory=dict)
+    session_key: dict[str, tuple[int, int]] = field(default_factory=dict)  # session -> (spec, attempt)
     prompts: dict[str, list[int]] = field(default_factory=dict)
-    generated: dict[tuple[str, int], list[list[int]]] = field(default_factory=dict)
+    generated: dict[tuple[int, int], list[list[int]]] = field(default_factory=dict)
     suffixes: dict[str, list[list[int]]] = field(default_factory=dict)
     seqs: dict[str, list[int]] = field(default_factory=dict)
     open_sessions: set[str] = field(default_factory=set)
@@ -79,24 +81,24 @@ class FakeEnv:
 
     async def open_session(self, environment, messages, env_args):
         await asyncio.sleep(0)
-        key = messages[0]["content"]
+        key = env_args["spec"]
         attempt = self.w.attempts.get(key, 0)
         self.w.attempts[key] = attempt + 1
         plan = self.w.plans[key][attempt]
         if plan.open_fails:
             raise EnvError("OpenSession", "UNAVAILABLE: fake outage")
-        sid = f"{key}#{attempt}"
+        sid = f"session-{key}-{attempt}"
         prompt = [100000 + attempt * 1000 + i for i in range(plan.prompt_len)]
         self.w.session_key[sid] = (key, attempt)
         self.w.prompts[sid] = prompt
         self.w.suffixes[sid] = []
         self.w.seqs[sid] = []
         self.w.open_sessions.add(sid)
-        return OpenedSession(sid, prompt)
+        return OpenedSession(sid, tuple(prompt), tools=())
 
     async def step(self, session_id, seq, completion_ids, max_suffix_tokens):
         await asyncio.sleep(0)
-        assert max_suffix_tokens >= 1
+        assert max_suffix_tokens is not None and max_suffix_tokens >= 0  # always a budget, never "no limit"
         key, attempt = self.w.session_key[session_id]
         if completion_ids[-1] != STOP:
             self.w.step_after_length_cut = True
@@ -104,18 +106,14 @@ class FakeEnv:
         tp = self.w.plans[key][attempt].turns[seq - 1]
         if tp.step_fails:
             raise EnvError("Step", "NOT_FOUND: unknown session (server restarted)")
-        suffix = [200000 + seq * 100 + i for i in range(tp.suffix_len)]
-        status = tp.status
-        if status == "SUFFIX_OVERFLOW":
-            suffix = []
-        # The real server marks SANDBOX_LOST and SUFFIX_OVERFLOW steps done as well.
-        done = tp.done or status in ("SANDBOX_LOST", "SUFFIX_OVERFLOW")
-        if done:
-            suffix = []
+        status = StepStatus.EPISODE_END if tp.done and tp.status is StepStatus.OK else tp.status
+        # Suffix ids come only with OK, and (like a server that reads 0 as "no limit") maybe more
+        # than the budget: the trainer must enforce it.
+        suffix = [200000 + seq * 100 + i for i in range(tp.suffix_len)] if status is StepStatus.OK else []
         self.w.suffixes[session_id].append(suffix)
-        return StepOutcome(suffix_ids=suffix, done=done, reward=1.0 if done else None,
-                           truncated=False, status="EPISODE_END" if tp.done and status == "OK"
-                           else status, num_tool_calls=0 if done else 1)
+        calls = () if status.done else (ToolCall(call_id(seq, 0), "run_python", "{}"),)
+        return StepResult(seq=seq, status=status, suffix_ids=tuple(suffix), tool_calls=calls,
+                          reward=1.0 if status.done else None)
 
     async def close_session(self, session_id):
         self.w.open_sessions.discard(session_id)
@@ -132,14 +130,15 @@ class FakePolicy:
         await asyncio.sleep(0)
         out = []
         for r in requests:
-            key, attempt = r.key.split("#")
-            plan = self.w.plans[key][int(attempt)].turns[r.turn]
+            key, attempt = r.key.spec, r.key.attempt
+            plan = self.w.plans[key][attempt].turns[r.turn]
             n = min(plan.gen_len, r.max_new)
             stops = plan.stop and plan.gen_len <= r.max_new
             ids = [1000 + r.turn * 100 + j for j in range(n - 1)] + [STOP if stops else 999]
             lps = [-0.5 - j / 100 for j in range(n)] if plan.logprobs_ok else [-0.5] * (n - 1)
-            self.w.generated.setdefault((key, int(attempt)), []).append(ids)
-            out.append(GenResult(ids=ids, logprobs=lps, finish_reason="stop" if stops else "length"))
+            self.w.generated.setdefault((key, attempt), []).append(ids)
+            out.append(GenResult(ids=ids, logprobs=lps,
+                                 finish_reason=FinishReason.STOP if stops else FinishReason.LENGTH))
         return out
 
 
@@ -165,20 +164,21 @@ def check_rollout(r: Rollout, w: World, lim: RolloutLimits) -> None:
     assert r.mask == mask
     # Steps: seq 1, 2, 3... one per turn that ended on a stop token, none after a length cut.
     assert w.seqs[sid] == list(range(1, len(w.seqs[sid]) + 1))
-    stopped_turns = [t for t in r.turns if t.finish_reason == "stop"]
+    stopped_turns = [t for t in r.turns if t.finish_reason is FinishReason.STOP]
     assert len(w.seqs[sid]) == len(stopped_turns)
     last = r.turns[-1] if r.turns else None
     if r.status is Status.TRUNCATED:
         if r.truncation is TruncationCause.LENGTH:
             # cut mid-generation, or no room left to start a turn
-            assert (last is not None and last.finish_reason == "length") or r.remaining < 1
+            assert (last is not None and last.finish_reason is FinishReason.LENGTH) or r.remaining < 1
         elif r.truncation is TruncationCause.MAX_TURNS:
             assert len(r.turns) == lim.max_turns
         elif r.truncation is TruncationCause.TOOL_OVERFLOW:
             assert last.suffix_len == 0
     if r.status is Status.COMPLETED:
-        assert last.finish_reason == "stop" and r.env_reward == 1.0
-    if last is not None and last.finish_reason == "length":
+        assert last.finish_reason is FinishReason.STOP and r.env_reward == 1.0
+        assert last.step_status is StepStatus.EPISODE_END
+    if last is not None and last.finish_reason is FinishReason.LENGTH:
         assert r.status is Status.TRUNCATED and r.truncation is TruncationCause.LENGTH
 
 
@@ -194,12 +194,13 @@ def check_rollout(r: Rollout, w: World, lim: RolloutLimits) -> None:
 def test_rollout_loop_keeps_sequences_aligned(budget, cap, reserve, max_turns, retries, plans):
     lim = RolloutLimits(budget=budget, per_turn_cap=cap, reserve=reserve, max_turns=max_turns,
                         retries=retries)
-    world = World(plans={f"r{i}": p for i, p in enumerate(plans)})
+    world = World(plans=dict(enumerate(plans)))
 
     async def go():
         sched = GenerationScheduler(FakePolicy(world), max_wait_s=0.001)
         runner = RolloutRunner(lim, sched, FakeEnv(world), "python", [STOP])
-        specs = [RolloutSpec(group=0, messages=[{"role": "user", "content": k}]) for k in world.plans]
+        specs = [RolloutSpec(group=0, messages=[{"role": "user", "content": f"spec {i}"}],
+                             env_args={"spec": i}) for i in world.plans]
         try:
             return await runner.run_batch(specs)
         finally:
@@ -238,10 +239,11 @@ def test_state_methods_never_misalign(budget, ops, prompt_len):
         before = (list(r.ids), list(r.mask), list(r.logprobs), r.status)
         try:
             if op == "gen":
-                r.append_generated(list(range(n)), [-1.0] * n, "stop" if flag else "length", max(n, 1))
+                r.append_generated(list(range(n)), [-1.0] * n,
+                                   FinishReason.STOP if flag else FinishReason.LENGTH, max(n, 1))
             elif op == "bad_gen":
                 lps = [float("nan")] * n if flag else [-1.0] * (n + 1)
-                r.append_generated(list(range(n)), lps, "stop", n + 1)
+                r.append_generated(list(range(n)), lps, FinishReason.STOP, n + 1)
             elif op == "env":
                 r.append_env(list(range(n)))
             else:
@@ -257,7 +259,7 @@ def test_retry_starts_clean():
     r.start([1, 2])
     with pytest.raises(RolloutStateError):
         r.start([3])
-    r.append_generated([5], [-1.0], "stop", 4)
+    r.append_generated([5], [-1.0], FinishReason.STOP, 4)
     r.abort("sandbox lost")
     with pytest.raises(RolloutStateError):
         r.append_env([1])

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from trainer.backends.base import GenRequest
+from trainer.backends.base import FinishReason, GenRequest
 from trainer.backends.vllm_helpers import (extract_logprobs, extract_result, sampling_params_kwargs,
                                            token_prompt, vllm_weight_name, weights_for_vllm)
 
@@ -55,13 +55,14 @@ def _lps(ids, vals):
 def test_extract_stop_and_length():
     out = extract_result(CompletionOutput([5, 6, 151645], _lps([5, 6, 151645], [-1, -2, -3]), "stop",
                                           151645), REQ)
-    assert out.ids == [5, 6, 151645] and out.logprobs == [-1, -2, -3] and out.finish_reason == "stop"
+    assert out.ids == [5, 6, 151645] and out.logprobs == [-1, -2, -3]
+    assert out.finish_reason is FinishReason.STOP
     out = extract_result(CompletionOutput([5, 6, 7, 8], _lps([5, 6, 7, 8], [-1] * 4), "length"), REQ)
-    assert out.finish_reason == "length"
+    assert out.finish_reason is FinishReason.LENGTH
     # a stop id sampled as the very last allowed token is a stop, not a cut
     out = extract_result(CompletionOutput([5, 6, 7, 151643], _lps([5, 6, 7, 151643], [-1] * 4),
                                           "length"), REQ)
-    assert out.finish_reason == "stop"
+    assert out.finish_reason is FinishReason.STOP
 
 
 def test_extract_refuses_bad_outputs():

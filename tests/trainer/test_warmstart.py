@@ -15,13 +15,14 @@ import math
 import pytest
 import torch
 
-from tests.trainer.recording import Recorder
+from tito.types import StepStatus
+from trainer.backends.base import FinishReason
 from trainer.config import WarmStartConfig, load_config
-from trainer.env_client import GrpcEnvClient
+from trainer.env_client import GrpcEnvClient, RecordingEnvClient
 from trainer.model import build_tiny_qwen3, collate
 from trainer.rollout import RolloutLimits
 from trainer.state import Rollout, Status
-from trainer.tasks import PuzzleTask, make_puzzles
+from trainer.tasks import ArithmeticTask, PuzzleTask, make_puzzles
 from trainer.warmstart import WarmStartError, build_demonstrations, sft_loss, warm_start
 
 LIMITS = RolloutLimits(budget=512, per_turn_cap=64, reserve=16, max_turns=3)
@@ -47,13 +48,39 @@ def test_puzzle_sampling_covers_the_pool_and_reward_needs_a_tool_call():
     assert specs[0].env_args == {"expected_answer": specs[0].meta["answer"]}
     r = Rollout(budget=10)
     r.start([1, 2])
-    r.append_generated([3], [-0.1], "stop", 4)
+    r.append_generated([3], [-0.1], FinishReason.STOP, 4)
     r.complete(env_reward=1.0)
     assert task.reward(r, None) == 0.0  # right answer from memory, no tool call: no reward
     r.turns[0].tool_calls = 1
     assert task.reward(r, None) == 1.0
     assert PuzzleTask(n=4, require_tool_call=False).reward(
         Rollout(budget=1, status=Status.COMPLETED, env_reward=1.0), None) == 1.0
+
+
+def test_arithmetic_reward_without_the_env_reads_the_final_answer(tok):
+    """Without an env reward the task decodes the final turn and reads it as the env does."""
+    _, tokenizer = tok
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    task = ArithmeticTask(seed=0, env_checks_answer=False)
+    (spec,) = task.sample(1, step=1)
+    assert spec.env_args is None
+    answer = spec.meta["answer"]
+    with_commas = f"{int(answer):,}"
+
+    def reward(text):
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        r = Rollout(budget=len(ids) + 2, meta=spec.meta)
+        r.start([1, 2])
+        r.append_generated(ids, [-0.1] * len(ids), FinishReason.STOP, len(ids))
+        r.complete()
+        return task.reward(r, decode)
+
+    assert reward(f"<think>maybe 12</think>The product is {with_commas}.<|im_end|>") == 1.0
+    assert reward(f"{answer} is not it, it is 12<|im_end|>") == 0.0
+    assert reward("I do not know.<|im_end|>") == 0.0
 
 
 def test_warm_start_config_defaults_off_and_demo_turns_it_on():
@@ -72,7 +99,7 @@ async def _demos(server, files, encode, task, limits, model=None):
     try:
         await client.wait_ready(60)
         reg = await client.register_tokenizer(files)
-        rec = Recorder(client.bind(reg.fingerprint))
+        rec = RecordingEnvClient(client.bind(reg.fingerprint))
         demos, records = await build_demonstrations(task.demo_specs(), task, encode, rec, "python",
                                                     limits, reg.stop_token_ids, model=model)
         return demos, records, rec, reg
@@ -99,15 +126,15 @@ def test_demonstrations_are_prompt_teacher_suffix_teacher(built):
     for d, record, puzzle in zip(demos, records, task.puzzles):
         assert d.status is Status.COMPLETED and d.env_reward == 1.0 and d.tool_calls == 1
         steps = rec.steps[d.session_id]
-        assert [s.status for s in steps] == ["OK", "EPISODE_END"]
+        assert [s.status for s in steps] == [StepStatus.OK, StepStatus.EPISODE_END]
         # The tool really ran in the sandbox; the answer turn reports what it printed.
-        assert steps[0].tool_messages[0]["content"].strip() == puzzle["answer"]
+        assert steps[0].tool_messages[0].content.strip() == puzzle["answer"]
         t0 = encode(task.teacher_turn(puzzle, 0))
         t1 = encode(f"The answer is {puzzle['answer']}.<|im_end|>")
         assert t0[-1] in reg.stop_token_ids and t1[-1] in reg.stop_token_ids
         prompt, suffix = rec.prompts[d.session_id], steps[0].suffix_ids
-        assert suffix and steps[1].suffix_ids == []
-        assert d.ids == prompt + t0 + suffix + t1
+        assert suffix and steps[1].suffix_ids == ()
+        assert d.ids == [*prompt, *t0, *suffix, *t1]
         assert d.mask == [0] * len(prompt) + [1] * len(t0) + [0] * len(suffix) + [1] * len(t1)
         assert d.prompt_len == len(prompt)
         assert all(math.isfinite(x) for x, m in zip(d.logprobs, d.mask) if m == 1)

@@ -1,5 +1,5 @@
 """Generation backends: transformers (CPU/CUDA), vLLM (GPU), scripted (tests)."""
 
-from trainer.backends.base import GenerationBackend, GenRequest, GenResult
+from trainer.backends.base import FinishReason, GenerationBackend, GenRequest, GenResult, RolloutKey
 
-__all__ = ["GenerationBackend", "GenRequest", "GenResult"]
+__all__ = ["FinishReason", "GenerationBackend", "GenRequest", "GenResult", "RolloutKey"]

@@ -2,8 +2,32 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+
+class FinishReason(enum.IntEnum):
+    """Why one generation call ended (as vLLM's `RequestFinishedReason`).
+
+    There is no ABORT: a backend that cannot finish a request raises, and the rollout that asked
+    is aborted by the rollout loop.
+    """
+
+    STOP = 0  # ended on one of the request's stop token ids (included in ids)
+    LENGTH = 1  # reached max_new without a stop token: the turn was cut
+
+
+@dataclass(frozen=True)
+class RolloutKey:
+    """Which rollout a generation request belongs to: its spec's index in the batch and the
+    attempt (0 first, one more per retry). Scripted policies pick their turns by it."""
+
+    spec: int
+    attempt: int = 0
+
+    def __str__(self) -> str:
+        return f"r{self.spec}#{self.attempt}"
 
 
 @dataclass(frozen=True)
@@ -14,7 +38,7 @@ class GenRequest:
     temperature: float = 1.0
     seed: int | None = None
     # Which rollout and turn asked (for scripted policies, logging); backends may ignore it.
-    key: str = ""
+    key: RolloutKey | None = None
     turn: int = 0
 
 
@@ -24,8 +48,7 @@ class GenResult:
     # One logprob per generated id, under the sampling distribution (after temperature).
     # None or a short list means the backend could not provide them: the rollout is aborted.
     logprobs: list[float] | None
-    finish_reason: str  # "stop" (ended on a stop token, included in ids) | "length"
-    extra: dict = field(default_factory=dict)
+    finish_reason: FinishReason
 
 
 @runtime_checkable
@@ -37,12 +60,3 @@ class GenerationBackend(Protocol):
     def sync_weights(self, model) -> None:
         """Make the next generate() use the training model's current weights."""
         ...
-
-
-def finish_for(ids: list[int], max_new: int, stop_token_ids) -> str:
-    """The finish reason implied by generated ids (shared by backends and tests)."""
-    if ids and ids[-1] in set(stop_token_ids):
-        return "stop"
-    if len(ids) >= max_new:
-        return "length"
-    raise ValueError("generation ended without a stop token before max_new")

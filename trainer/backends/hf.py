@@ -13,7 +13,7 @@ import threading
 import torch
 from transformers import DynamicCache
 
-from trainer.backends.base import GenRequest, GenResult
+from trainer.backends.base import FinishReason, GenRequest, GenResult
 
 
 def sample_tokens(
@@ -139,7 +139,7 @@ class TransformersBackend:
                 GenResult(
                     ids=toks[row][:n],
                     logprobs=lps[row][:n],
-                    finish_reason="stop" if stopped_l[row] else "length",
+                    finish_reason=FinishReason.STOP if stopped_l[row] else FinishReason.LENGTH,
                 )
             )
         return results

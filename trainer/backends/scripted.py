@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from trainer.backends.base import GenRequest, GenResult
+from trainer.backends.base import FinishReason, GenRequest, GenResult
 
 Script = Callable[[GenRequest], list[int]]
 
@@ -47,7 +47,7 @@ class ScriptedBackend:
             if t in stop:
                 ids = ids[: i + 1]
                 break
-        finish = "stop" if ids and ids[-1] in stop else "length"
+        finish = FinishReason.STOP if ids and ids[-1] in stop else FinishReason.LENGTH
         if not self.provide_logprobs:
             return GenResult(ids=ids, logprobs=None, finish_reason=finish)
         if self.model is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from trainer.backends.base import GenRequest, GenResult
+from trainer.backends.base import FinishReason, GenRequest, GenResult
 
 
 def sampling_params_kwargs(req: GenRequest, seed: int | None = None) -> dict[str, Any]:
@@ -70,17 +70,17 @@ def extract_result(completion: Any, req: GenRequest) -> GenResult:
     """
     ids = list(completion.token_ids)
     stops = set(req.stop_token_ids)
-    reason = completion.finish_reason
+    reason = completion.finish_reason  # vLLM's own string: "stop", "length" or "abort"
     if len(ids) > req.max_new:
         raise ValueError(f"vLLM returned {len(ids)} tokens for max_tokens={req.max_new}")
     if reason == "stop":
         if not ids or ids[-1] not in stops:
             raise ValueError(f"vLLM finished with 'stop' (stop_reason={completion.stop_reason!r}) "
                              "but the last token is not one of the stop ids")
-        finish = "stop"
+        finish = FinishReason.STOP
     elif reason == "length":
         # A stop id sampled exactly at the cap is still a stop.
-        finish = "stop" if ids and ids[-1] in stops else "length"
+        finish = FinishReason.STOP if ids and ids[-1] in stops else FinishReason.LENGTH
     else:
         raise ValueError(f"vLLM request finished with {reason!r}")
     return GenResult(ids=ids, logprobs=extract_logprobs(ids, completion.logprobs),

@@ -1,0 +1,164 @@
+"""Assembly: from a config to the one `Run` the training loop works with.
+
+Tokenizer files (read locally, uploaded to the server, never used to render), the policy model,
+the task, the env connection (health, environment check, tokenizer registration and fingerprint
+check) and the generation backend.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.backends.base import GenerationBackend
+from trainer.config import TrainConfig
+from trainer.env_client import BoundEnvClient, EnvClient, EnvError, GrpcEnvClient
+from trainer.model import load_model
+from trainer.tasks import Decode, Encode, Task, make_task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """What the training loop works with."""
+
+    model: Any  # the policy being trained (a transformers causal LM)
+    backend: GenerationBackend
+    task: Task
+    env: EnvClient | None  # None for tasks without an environment
+    stop_token_ids: list[int]
+    pad_id: int  # a valid embedding row; pads are never attended to or trained on
+    device: torch.device | None = None  # default: the model's
+    decode: Decode | None = None  # ids -> text, only to score tasks the env does not score
+    encode_teacher_text: Encode | None = None  # warm-start demonstrations only
+
+    def __post_init__(self) -> None:
+        if self.device is None:
+            self.device = next(self.model.parameters()).device
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@dataclass
+class TokenizerInfo:
+    files: dict[str, bytes]
+    vocab_size: int
+    pad_id: int
+    eos_ids: list[int]
+    _tok: Any = None
+
+    @classmethod
+    def load(cls, cfg: TrainConfig) -> TokenizerInfo:
+        from tokenizers import Tokenizer
+
+        from tito.fingerprint import read_tokenizer_files
+
+        if cfg.tokenizer.dir:
+            directory = Path(cfg.tokenizer.dir)
+        else:
+            from tito_assets.qwen_tokenizer import build_tokenizer_dir
+
+            # One-off setup: the offline Qwen tokenizer with a trl chat template (no hub).
+            directory = build_tokenizer_dir(template=cfg.tokenizer.template)
+        files = read_tokenizer_files(directory)
+        tok = Tokenizer.from_str(files["tokenizer.json"].decode())
+        tcfg = json.loads(files.get("tokenizer_config.json", b"{}"))
+        eos_ids = []
+        for key in ("eos_token", "pad_token"):
+            value = tcfg.get(key)
+            value = value.get("content") if isinstance(value, dict) else value
+            if isinstance(value, str) and tok.token_to_id(value) is not None:
+                eos_ids.append(tok.token_to_id(value))
+        pad = eos_ids[-1] if eos_ids else 0
+        return cls(files=files, vocab_size=tok.get_vocab_size(with_added_tokens=True), pad_id=pad,
+                   eos_ids=eos_ids[:1], _tok=tok)
+
+    def decode(self, ids: list[int]) -> str:
+        # Only for rewards and logs; ids are never re-encoded.
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def encode_teacher_text(self, text: str) -> list[int]:
+        """Scripted teacher text for warm-start demonstrations (dataset text, never model
+        output or env text). Special tokens written in the text (`<tool_call>`, `<|im_end|>`)
+        become their ids."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+
+def make_backend(cfg: TrainConfig, model, tok: TokenizerInfo) -> GenerationBackend:
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if cfg.backend == "transformers":
+        from trainer.backends.hf import TransformersBackend
+
+        return TransformersBackend(model, seed=cfg.seed, pad_token_id=min(tok.pad_id, vocab - 1))
+    from trainer.backends.vllm_backend import VllmBackend
+
+    return VllmBackend.from_training_model(model, cfg, seed=cfg.seed)
+
+
+async def connect_env(cfg: TrainConfig, tok: TokenizerInfo
+                      ) -> tuple[GrpcEnvClient, BoundEnvClient, list[int]]:
+    """Connect, check the environment exists, register the tokenizer, verify the fingerprint."""
+    from tito.fingerprint import RENDERER_VERSION, compute_fingerprint
+
+    client = GrpcEnvClient(cfg.env.address, rpc_timeout_s=cfg.env.rpc_timeout_s,
+                           retries=cfg.env.rpc_retries)
+    try:
+        await client.wait_ready(cfg.env.ready_timeout_s)
+        names = [e.name for e in await client.list_environments()]
+        if cfg.env.environment not in names:
+            raise EnvError("ListEnvironments",
+                           f"environment {cfg.env.environment!r} not offered; the server has {names}")
+        kwargs = cfg.tokenizer.chat_template_kwargs
+        reg = await client.register_tokenizer(tok.files, kwargs)
+        local = compute_fingerprint(tok.files, kwargs, RENDERER_VERSION)
+        if reg.fingerprint != local:
+            raise EnvError("RegisterTokenizer", (
+                f"fingerprint mismatch: server {reg.fingerprint[:16]}… (renderer "
+                f"{reg.renderer_version!r}) vs local {local[:16]}… (renderer {RENDERER_VERSION!r}); "
+                "the server would render with other ids than this trainer uses"))
+        if not reg.stop_token_ids:
+            raise EnvError("RegisterTokenizer", "server returned no stop_token_ids")
+    except BaseException:
+        await client.close()
+        raise
+    log.info("registered tokenizer %s (family %s, stop ids %s)", reg.fingerprint[:12],
+             reg.template_family, reg.stop_token_ids)
+    return client, client.bind(reg.fingerprint), list(reg.stop_token_ids)
+
+
+@asynccontextmanager
+async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
+    """The Run for `cfg`; the env connection is closed when the block ends."""
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.model.device)
+    tok = TokenizerInfo.load(cfg)
+    vocab = cfg.model.vocab_size or tok.vocab_size
+    model = load_model(cfg.model.path, vocab_size=vocab, seed=cfg.seed, device=str(device),
+                       dtype=cfg.model.dtype)
+    task = make_task(cfg.task.name, cfg.task.params, seed=cfg.seed, vocab_size=vocab)
+    if task.uses_env and vocab < tok.vocab_size:
+        raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer ({tok.vocab_size}): "
+                         "the env would render ids the model cannot embed")
+    client = env = None
+    stop_ids = tok.eos_ids
+    if task.uses_env:
+        client, env, stop_ids = await connect_env(cfg, tok)
+    try:
+        yield Run(model=model, backend=make_backend(cfg, model, tok), task=task, env=env,
+                  stop_token_ids=stop_ids, pad_id=tok.pad_id if tok.pad_id < vocab else 0,
+                  device=device, decode=tok.decode, encode_teacher_text=tok.encode_teacher_text)
+    finally:
+        if client is not None:
+            await client.close()
