@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from trainer.config import ConfigError, TrainConfig, load_config
-from trainer.env_client import EnvError
+from tito.client import TitoError
 
 
 async def train_from_config(cfg: TrainConfig) -> list[dict]:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         history = asyncio.run(train_from_config(cfg))
-    except EnvError as e:
+    except TitoError as e:
         print(f"env server error: {e}", file=sys.stderr)
         return 1
     except WarmStartError as e:

@@ -19,7 +19,7 @@ import torch
 
 from trainer.backends.base import GenerationBackend
 from trainer.config import TrainConfig
-from trainer.env_client import BoundEnvClient, EnvClient, EnvError, GrpcEnvClient
+from trainer.env_client import EnvClient, TitoEnv
 from trainer.model import load_model
 from trainer.tasks import Decode, Encode, Task, make_task
 
@@ -107,35 +107,16 @@ def make_backend(cfg: TrainConfig, model, tok: TokenizerInfo) -> GenerationBacke
     return VllmBackend.from_training_model(model, cfg, seed=cfg.seed)
 
 
-async def connect_env(cfg: TrainConfig, tok: TokenizerInfo
-                      ) -> tuple[GrpcEnvClient, BoundEnvClient, list[int]]:
-    """Connect, check the environment exists, register the tokenizer, verify the fingerprint."""
-    from tito.fingerprint import RENDERER_VERSION, compute_fingerprint
-
-    client = GrpcEnvClient(cfg.env.address, rpc_timeout_s=cfg.env.rpc_timeout_s,
-                           retries=cfg.env.rpc_retries)
-    try:
-        await client.wait_ready(cfg.env.ready_timeout_s)
-        names = [e.name for e in await client.list_environments()]
-        if cfg.env.environment not in names:
-            raise EnvError("ListEnvironments",
-                           f"environment {cfg.env.environment!r} not offered; the server has {names}")
-        kwargs = cfg.tokenizer.chat_template_kwargs
-        reg = await client.register_tokenizer(tok.files, kwargs)
-        local = compute_fingerprint(tok.files, kwargs, RENDERER_VERSION)
-        if reg.fingerprint != local:
-            raise EnvError("RegisterTokenizer", (
-                f"fingerprint mismatch: server {reg.fingerprint[:16]}… (renderer "
-                f"{reg.renderer_version!r}) vs local {local[:16]}… (renderer {RENDERER_VERSION!r}); "
-                "the server would render with other ids than this trainer uses"))
-        if not reg.stop_token_ids:
-            raise EnvError("RegisterTokenizer", "server returned no stop_token_ids")
-    except BaseException:
-        await client.close()
-        raise
+async def connect_env(cfg: TrainConfig, tok: TokenizerInfo) -> TitoEnv:
+    """Connect, check the environment exists, register the tokenizer (the client checks the fingerprint)."""
+    env = await TitoEnv.connect(cfg.env.address, tok.files, environment=cfg.env.environment,
+                                chat_template_kwargs=cfg.tokenizer.chat_template_kwargs,
+                                ready_timeout_s=cfg.env.ready_timeout_s, deadline_s=cfg.env.rpc_timeout_s,
+                                retries=cfg.env.rpc_retries)
+    reg = env.registration
     log.info("registered tokenizer %s (family %s, stop ids %s)", reg.fingerprint[:12],
-             reg.template_family, reg.stop_token_ids)
-    return client, client.bind(reg.fingerprint), list(reg.stop_token_ids)
+             reg.template_family, list(reg.stop_token_ids))
+    return env
 
 
 @asynccontextmanager
@@ -151,14 +132,15 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
     if task.uses_env and vocab < tok.vocab_size:
         raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer ({tok.vocab_size}): "
                          "the env would render ids the model cannot embed")
-    client = env = None
+    env = None
     stop_ids = tok.eos_ids
     if task.uses_env:
-        client, env, stop_ids = await connect_env(cfg, tok)
+        env = await connect_env(cfg, tok)
+        stop_ids = env.stop_token_ids
     try:
         yield Run(model=model, backend=make_backend(cfg, model, tok), task=task, env=env,
                   stop_token_ids=stop_ids, pad_id=tok.pad_id if tok.pad_id < vocab else 0,
                   device=device, decode=tok.decode, encode_teacher_text=tok.encode_teacher_text)
     finally:
-        if client is not None:
-            await client.close()
+        if env is not None:
+            await env.close()

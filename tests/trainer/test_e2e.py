@@ -19,7 +19,7 @@ import torch
 from tests.harness import REPO
 from tito.types import StepStatus
 from trainer.backends.scripted import ScriptedBackend
-from trainer.env_client import GrpcEnvClient, RecordingEnvClient
+from trainer.env_client import RecordingEnvClient, TitoEnv
 from trainer.model import build_tiny_qwen3, collate, target_logprobs
 from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
 from trainer.state import Status, TruncationCause
@@ -50,12 +50,11 @@ def model():
 
 async def _connect(server, files):
     from tito.fingerprint import compute_fingerprint
+    from tito.tokenizer_files import tokenizer_files
 
-    client = GrpcEnvClient(server.address)
-    await client.wait_ready(60)
-    reg = await client.register_tokenizer(files)
-    assert reg.fingerprint == compute_fingerprint(files)
-    return client, reg
+    env = await TitoEnv.connect(server.address, files, ready_timeout_s=60)
+    assert env.registration.fingerprint == compute_fingerprint(tokenizer_files(files))
+    return env, env.registration
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -66,7 +65,7 @@ async def _run(server, files, tokenizer, model, scripts, limits, *, env_args=Non
                n=1):
     client, reg = await _connect(server, files)
     try:
-        rec = (FirstStepToUnknownSession if sabotage else RecordingEnvClient)(client.bind(reg.fingerprint))
+        rec = (FirstStepToUnknownSession if sabotage else RecordingEnvClient)(client)
         turns = {i: [_encode(tokenizer, t) for t in s] for i, s in enumerate(scripts)}
 
         def script(req):

@@ -33,7 +33,7 @@ def test_cuda_backend_multi_turn_with_tools_logprobs_match(tmp_path):
     from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
     from tokenizers import Tokenizer
     from trainer.backends.hf import TransformersBackend
-    from trainer.env_client import GrpcEnvClient
+    from trainer.env_client import TitoEnv
     from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
 
     why = docker_available()
@@ -69,13 +69,13 @@ def test_cuda_backend_multi_turn_with_tools_logprobs_match(tmp_path):
     srv = start_server(tmp_path)
     try:
         async def go():
-            client = GrpcEnvClient(srv.address)
-            reg = await client.register_tokenizer(files)
+            client = await TitoEnv.connect(srv.address, files)
+            reg = client.registration
             specs = [RolloutSpec(group=0, messages=[{"role": "user", "content": "What is 6*7?"}])
                      for _ in range(4)]
             limits = RolloutLimits(budget=1024, per_turn_cap=32, reserve=16, max_turns=2)
             try:
-                return await run_rollouts(specs, FirstTurnToolCall(), client.bind(reg.fingerprint), "python",
+                return await run_rollouts(specs, FirstTurnToolCall(), client, "python",
                                           limits, reg.stop_token_ids, gen_batch_wait_s=0.02)
             finally:
                 await client.close()

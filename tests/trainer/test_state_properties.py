@@ -10,13 +10,14 @@ import asyncio
 import math
 from dataclasses import dataclass, field
 
+import grpc
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tito.client import TitoError
 from tito.types import OpenedSession, StepResult, StepStatus, ToolCall, call_id
 from trainer.backends.base import FinishReason, GenRequest, GenResult
-from trainer.env_client import EnvError
 from trainer.rollout import BatchStats, GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
 from trainer.state import Rollout, RolloutStateError, Status, TruncationCause
 
@@ -86,7 +87,7 @@ class FakeEnv:
         self.w.attempts[key] = attempt + 1
         plan = self.w.plans[key][attempt]
         if plan.open_fails:
-            raise EnvError("OpenSession", "UNAVAILABLE: fake outage")
+            raise TitoError("OpenSession", grpc.StatusCode.UNAVAILABLE, "fake outage")
         sid = f"session-{key}-{attempt}"
         prompt = [100000 + attempt * 1000 + i for i in range(plan.prompt_len)]
         self.w.session_key[sid] = (key, attempt)
@@ -105,7 +106,7 @@ class FakeEnv:
         self.w.seqs[session_id].append(seq)
         tp = self.w.plans[key][attempt].turns[seq - 1]
         if tp.step_fails:
-            raise EnvError("Step", "NOT_FOUND: unknown session (server restarted)")
+            raise TitoError("Step", grpc.StatusCode.NOT_FOUND, "unknown session (server restarted)")
         status = StepStatus.EPISODE_END if tp.done and tp.status is StepStatus.OK else tp.status
         # Suffix ids come only with OK, and (like a server that reads 0 as "no limit") maybe more
         # than the budget: the trainer must enforce it.

@@ -18,7 +18,7 @@ import torch
 from tito.types import StepStatus
 from trainer.backends.base import FinishReason
 from trainer.config import WarmStartConfig, load_config
-from trainer.env_client import GrpcEnvClient, RecordingEnvClient
+from trainer.env_client import RecordingEnvClient, TitoEnv
 from trainer.model import build_tiny_qwen3, collate
 from trainer.rollout import RolloutLimits
 from trainer.state import Rollout, Status
@@ -95,11 +95,10 @@ def test_warm_start_config_defaults_off_and_demo_turns_it_on():
 
 # ---------------------------------------------------------------------- real server
 async def _demos(server, files, encode, task, limits, model=None):
-    client = GrpcEnvClient(server.address)
+    client = await TitoEnv.connect(server.address, files, ready_timeout_s=60)
+    reg = client.registration
     try:
-        await client.wait_ready(60)
-        reg = await client.register_tokenizer(files)
-        rec = RecordingEnvClient(client.bind(reg.fingerprint))
+        rec = RecordingEnvClient(client)
         demos, records = await build_demonstrations(task.demo_specs(), task, encode, rec, "python",
                                                     limits, reg.stop_token_ids, model=model)
         return demos, records, rec, reg
