@@ -7,17 +7,22 @@
             result = session.step(completion_ids)
 
 `AsyncTitoClient` has the same methods as coroutines. Results are `tito.types`; errors are
-`TitoError` subclasses named after their gRPC status.
+`TitoError` subclasses named after their gRPC status. Over TLS and with a bearer token:
+`TitoClient(address, tls=TlsOptions(ca_file=...), token=...)`. Several replicas: `ReplicaClient`
+(`AsyncReplicaClient`), see `docs/scaling.md`.
 """
 
 from tito.client.aio import AsyncSession, AsyncTitoClient
+from tito.client.connection import TlsOptions
 from tito.client.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     NotServingError,
+    PermissionDeniedError,
     ResourceExhaustedError,
     TitoError,
+    UnauthenticatedError,
     UnavailableError,
 )
 from tito.client.sync import Session, TitoClient
@@ -30,11 +35,14 @@ __all__ = [
     "InvalidArgumentError",
     "NotFoundError",
     "NotServingError",
+    "PermissionDeniedError",
     "ResourceExhaustedError",
     "Session",
     "StepResult",
     "StepStatus",
     "TitoClient",
     "TitoError",
+    "TlsOptions",
+    "UnauthenticatedError",
     "UnavailableError",
 ]
