@@ -125,8 +125,10 @@ def start_server(
     wait: bool = True,
     credentials: grpc.ChannelCredentials | None = None,
     channel_options: list[tuple[str, str]] | None = None,
+    port: int | None = None,
 ) -> ServerProcess:
-    port, metrics_port = free_port(), free_port()
+    """`port`: listen there (a restarted replica on its old address), else on a free port."""
+    port, metrics_port = port or free_port(), free_port()
     server_name = server_name or f"test-{uuid.uuid4().hex[:8]}"
     log_path = tmp_dir / f"server-{server_name}-{port}.log"
     full_env = {

@@ -7,6 +7,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import grpc
 import pytest
@@ -14,10 +15,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tests.deploy.conftest import TOKEN
-from tests.harness import REPO, start_server
-from tito.client import AsyncTitoClient, TitoClient, TlsOptions, UnauthenticatedError, UnavailableError
+from tests.harness import REPO, free_port, start_server
+from tito.client import AsyncTitoClient, ReplicaClient, TitoClient, TlsOptions, UnauthenticatedError, UnavailableError
 from tito.types import ToolCall
 from tito.v1 import environment_pb2 as pb
+from tito.v1 import environment_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.docker
 
@@ -27,9 +29,12 @@ RUN = [ToolCall("c", "run_python", '{"code": "6 * 7"}')]
 
 @pytest.fixture(scope="module")
 def tls_server(docker_ok, pki, tmp_path_factory):
-    """TLS (server certificate only) and bearer tokens."""
-    srv = start_server(tmp_path_factory.mktemp("tls"), env={**LIGHT, **pki.server_env()},
+    """TLS (server certificate only) and bearer tokens; plaintext health alone on a second port."""
+    health_port = free_port()
+    srv = start_server(tmp_path_factory.mktemp("tls"), env={**LIGHT, **pki.server_env(),
+                                                              "TITO_HEALTH_PORT": str(health_port)},
                        credentials=pki.harness_credentials())
+    srv.health_port = health_port
     yield srv
     srv.terminate()
 
@@ -87,6 +92,12 @@ def test_health_is_open_and_reflection_needs_the_token(tls_server):
 
     fails_with(grpc.StatusCode.UNAUTHENTICATED, reflect)
     assert "tito.v1.Environment" in reflect([("authorization", f"Bearer {TOKEN}")])
+    # The health-only port (for probes that cannot do TLS) serves health and nothing else.
+    with grpc.insecure_channel(f"127.0.0.1:{tls_server.health_port}") as plain:
+        status = health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert status.status == health_pb2.HealthCheckResponse.SERVING
+        fails_with(grpc.StatusCode.UNIMPLEMENTED, lambda: pb_grpc.EnvironmentStub(plain).ListEnvironments(
+            pb.ListEnvironmentsRequest(), metadata=[("authorization", f"Bearer {TOKEN}")], timeout=5))
 
 
 def test_clients_that_do_not_trust_the_server_cannot_connect(tls_server, pki):
@@ -96,8 +107,9 @@ def test_clients_that_do_not_trust_the_server_cannot_connect(tls_server, pki):
                 await client.list_environments()
             return info.value
 
-    # System roots only (not our CA), then plaintext against a TLS port.
+    # System roots only (not our CA); our CA but a name the certificate lacks; plaintext against TLS.
     asyncio.run(attempt(tls=TlsOptions()))
+    asyncio.run(attempt(tls=replace(pki.tls(), server_name="not-this-server.example")))
     asyncio.run(attempt())
 
 
@@ -178,3 +190,13 @@ def test_bad_security_files_stop_the_start_with_a_clear_error(docker_ok, pki, tm
     assert "is not the private key of tls.cert_file" in log
     log = refused_start(tmp_path, {"TITO_TLS__CERT_FILE": str(pki.server.cert)})
     assert "set both cert_file and key_file" in log
+
+
+def test_replica_client_over_tls_checks_the_certificate_against_the_name(tls_server, pki):
+    # Resolved to 127.0.0.1 and dialled by IP, the certificate is still checked against "localhost".
+    by_name = "localhost:" + tls_server.address.rsplit(":", 1)[1]
+    with ReplicaClient([by_name], tls=pki.tls(), token=TOKEN) as client:
+        client.wait_ready(timeout_s=30)
+        with client.open_session("python") as session:
+            assert session.step(tool_calls=RUN).tool_messages[0].content == "Out: 42"
+        assert client.replica_of(session.id) is None  # closed: forgotten

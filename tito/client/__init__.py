@@ -25,10 +25,12 @@ from tito.client.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from tito.client.sync import Session, TitoClient
+from tito.client.replicas import AsyncReplicaClient, ReplicaStatus
+from tito.client.sync import ReplicaClient, Session, TitoClient
 from tito.types import StepResult, StepStatus
 
 __all__ = [
+    "AsyncReplicaClient",
     "AsyncSession",
     "AsyncTitoClient",
     "FailedPreconditionError",
@@ -36,6 +38,8 @@ __all__ = [
     "NotFoundError",
     "NotServingError",
     "PermissionDeniedError",
+    "ReplicaClient",
+    "ReplicaStatus",
     "ResourceExhaustedError",
     "Session",
     "StepResult",
