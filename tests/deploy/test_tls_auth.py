@@ -200,3 +200,21 @@ def test_replica_client_over_tls_checks_the_certificate_against_the_name(tls_ser
         with client.open_session("python") as session:
             assert session.step(tool_calls=RUN).tool_messages[0].content == "Out: 42"
         assert client.replica_of(session.id) is None  # closed: forgotten
+
+
+def test_make_certs_script_gives_a_working_mtls_setup(docker_ok, tmp_path):
+    certs = tmp_path / "certs"
+    made = subprocess.run(["bash", str(REPO / "deploy/make_certs.sh"), str(certs), "tito-env.example"],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert "DNS:tito-env.example" in made.stdout
+    token = [line for line in (certs / "tokens").read_text().splitlines() if not line.startswith("#")][0]
+    tls = TlsOptions(ca_file=certs / "ca.pem", cert_file=certs / "client.pem", key_file=certs / "client.key")
+    env = {"TITO_TLS__CERT_FILE": str(certs / "server.pem"), "TITO_TLS__KEY_FILE": str(certs / "server.key"),
+           "TITO_TLS__CLIENT_CA_FILE": str(certs / "ca.pem"), "TITO_AUTH__TOKENS_FILE": str(certs / "tokens")}
+    srv = start_server(tmp_path, env={**LIGHT, **env}, credentials=tls.credentials())
+    try:
+        with TitoClient(srv.address, tls=tls, token=token) as client:
+            assert "python" in {e.name for e in client.list_environments()}
+    finally:
+        srv.terminate()
