@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 SERVING = "SERVING"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: one object per address
 class Replica:
     address: str
     client: AsyncTitoClient
@@ -289,6 +289,8 @@ class AsyncReplicaClient:
                            fingerprint: str = "", env_args: Mapping[str, Any] | None = None) -> AsyncSession:
         messages = list(messages)
         await self.start()
+        if self._pick(set()) is None:
+            await self._check_all()  # the last poll may be stale (a replica just came back)
         tried: set[str] = set()
         full: ResourceExhaustedError | None = None
         while (replica := self._pick(tried)) is not None:
