@@ -25,6 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool-size", type=int, help="warm sandboxes kept ready")
     parser.add_argument("--environment", action="append", dest="environments", metavar="MODULE:CLASS",
                         help="load an extra environment class (repeatable)")
+    parser.add_argument("--tls-cert-file", metavar="PEM", help="server certificate: serve TLS (with --tls-key-file)")
+    parser.add_argument("--tls-key-file", metavar="PEM", help="private key of --tls-cert-file")
+    parser.add_argument("--tls-client-ca-file", metavar="PEM", help="require client certificates from this CA (mTLS)")
+    parser.add_argument("--auth-tokens-file", metavar="FILE", help="require a bearer token from this file (one a line)")
+    parser.add_argument("--health-port", type=int, help="also serve plaintext grpc.health.v1 alone on this port")
+    parser.add_argument("--allow-insecure", action="store_true", default=None,
+                        help="listen on a non-loopback host without TLS and auth (only behind another guard)")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"])
     args = parser.parse_args(argv)
@@ -39,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         "log_format": args.log_format,
         # Merged into the pool settings from the file and environment, and validated like them.
         "pool": {"target_size": args.pool_size} if args.pool_size is not None else None,
+        "tls": _given(cert_file=args.tls_cert_file, key_file=args.tls_key_file, client_ca_file=args.tls_client_ca_file),
+        "auth": _given(tokens_file=args.auth_tokens_file),
+        "health_port": args.health_port,
+        "allow_insecure": args.allow_insecure,
     }
     try:
         config = load_config(args.config, **overrides)
@@ -52,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         server = EnvServer(config)
-    except EnvironmentLoadError as e:
+    except (EnvironmentLoadError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
@@ -61,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _given(**values: str | None) -> dict[str, str] | None:
+    """The flags of one nested section that were given (None when none was)."""
+    given = {k: v for k, v in values.items() if v is not None}
+    return given or None
 
 
 def run_event_loop(main, choice: str) -> None:

@@ -6,12 +6,13 @@ TITO_SANDBOX__MEM_LIMIT=1g or TITO_POOL__TARGET_SIZE=8.
 
 from __future__ import annotations
 
+import ipaddress
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from env_server.sandbox.config import PoolConfig, SandboxConfig
@@ -21,6 +22,48 @@ _config_file: ContextVar[Path | None] = ContextVar("tito_config_file", default=N
 
 class ConfigError(ValueError):
     pass
+
+
+class TlsConfig(BaseModel):
+    """Server TLS. cert_file + key_file turn it on; client_ca_file also requires client certificates
+    signed by that CA (mTLS). Files are PEM."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cert_file: Path | None = Field(None, description="Server certificate chain (PEM).")
+    key_file: Path | None = Field(None, description="Private key of cert_file (PEM).")
+    client_ca_file: Path | None = Field(None, description="CA that signs client certificates: requires mTLS.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
+
+    @model_validator(mode="after")
+    def _pairs(self) -> "TlsConfig":
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("set both cert_file and key_file (TITO_TLS__CERT_FILE, TITO_TLS__KEY_FILE), or neither")
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise ValueError("client_ca_file (mTLS) needs server TLS: set cert_file and key_file as well")
+        return self
+
+
+class AuthConfig(BaseModel):
+    """Bearer-token auth: clients send `authorization: Bearer <token>` metadata."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens_file: Path | None = Field(
+        None, description="Accepted tokens, one a line ('#' comments and blank lines ignored). Read at start-up."
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host.strip("[]").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: it may resolve to anything
 
 
 class ServerConfig(BaseSettings):
@@ -55,11 +98,43 @@ class ServerConfig(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
+    tls: TlsConfig = Field(default_factory=TlsConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    allow_insecure: bool = Field(
+        False,
+        description="Listen on a non-loopback host without TLS and client auth. Only when something else "
+        "keeps strangers out (e.g. compose publishing 127.0.0.1 only): the API runs code on request.",
+    )
+    health_port: int = Field(
+        0, ge=0, le=65535,
+        description="Also serve grpc.health.v1 alone, in plaintext and without auth, on host:health_port "
+        "(0: off). For probes that cannot do TLS, e.g. Kubernetes' grpc probes.",
+    )
 
     @model_validator(mode="after")
     def _ttls(self) -> "ServerConfig":
         if self.hard_ttl_s < self.idle_ttl_s:
             raise ValueError(f"hard_ttl_s ({self.hard_ttl_s}) must be >= idle_ttl_s ({self.idle_ttl_s})")
+        return self
+
+    @model_validator(mode="after")
+    def _public_needs_security(self) -> "ServerConfig":
+        # The API runs arbitrary code: off loopback it needs encryption and a way to know the caller.
+        if is_loopback(self.host) or self.allow_insecure:
+            return self
+        missing = []
+        if not self.tls.enabled:
+            missing.append("TLS (tls.cert_file + tls.key_file)")
+        if self.auth.tokens_file is None and self.tls.client_ca_file is None:
+            missing.append("client auth (auth.tokens_file, or tls.client_ca_file for mTLS)")
+        if missing:
+            raise ValueError(
+                f"refusing to listen on {self.host}, which is not loopback, without {' and '.join(missing)}: "
+                "anyone who reaches the port could run code. Set what is missing (TITO_TLS__CERT_FILE, TITO_TLS__KEY_FILE, "
+                "TITO_AUTH__TOKENS_FILE; see docs/scaling.md), listen on 127.0.0.1, or, when something else keeps "
+                "strangers out (a container publishing 127.0.0.1 only), set allow_insecure: true "
+                "(TITO_ALLOW_INSECURE=1 or --allow-insecure)"
+            )
         return self
 
     @classmethod
@@ -101,7 +176,8 @@ def load_config(config_file: str | Path | None = None, **overrides: Any) -> Serv
     try:
         return ServerConfig(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as e:
-        lines = [f"  {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors(include_url=False)]
+        lines = [f"  {'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
+                 for err in e.errors(include_url=False)]
         where = f" (file {path}, TITO_* environment variables, or flags)" if path else " (TITO_* environment variables or flags)"
         raise ConfigError("invalid server configuration" + where + ":\n" + "\n".join(lines)) from None
     finally:

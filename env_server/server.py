@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from env_server.auth import TokenAuthInterceptor, load_tokens, server_credentials
 from env_server.config import ServerConfig
 from env_server.engine import Engine
 from env_server.environments.loader import load_environments
@@ -45,9 +46,14 @@ class EnvServer:
         self.tokenizers = TokenizerRegistry(max_entries=self.config.tokenizer_cache_size)
         self.sessions = SessionRegistry(self.config.max_sessions, on_closed=self._on_session_closed)
         self.health = health.aio.HealthServicer()
+        # Read now, so a bad file stops `python -m env_server` before anything starts.
+        self.tokens = load_tokens(self.config.auth.tokens_file) if self.config.auth.tokens_file else ()
+        self.credentials = server_credentials(self.config.tls) if self.config.tls.enabled else None
         self.port: int | None = None
+        self.health_port: int | None = None
         self.renderer_ready = False
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
         self._metrics_http = None
         self._watch: asyncio.Task | None = None
         self._stopped = asyncio.Event()
@@ -57,7 +63,8 @@ class EnvServer:
         return f"{self.config.host}:{self.port}"
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=server_options(self.config.max_message_bytes))
+        interceptors = [TokenAuthInterceptor(self.tokens)] if self.tokens else []
+        server = grpc.aio.server(options=server_options(self.config.max_message_bytes), interceptors=interceptors)
         engine = Engine(self.config, self.environments, self.pool, self.tokenizers, self.sessions, self.metrics)
         service = EnvironmentService(engine)
         pb_grpc.add_EnvironmentServicer_to_server(service, server)
@@ -67,11 +74,14 @@ class EnvServer:
             server,
         )
         await self._set_health(False)
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
-        if self.port == 0:
-            raise RuntimeError(f"cannot listen on {self.config.host}:{self.config.port} (in use?)")
+        self.port = self._listen(server, self.config.port, self.credentials)
         await server.start()
         self._server = server
+        if self.config.health_port:
+            self._health_server = grpc.aio.server(options=server_options(self.config.max_message_bytes))
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+            self.health_port = self._listen(self._health_server, self.config.health_port, None)
+            await self._health_server.start()
         if self.config.metrics_port:
             self._metrics_http, _ = start_http_server(
                 self.config.metrics_port, addr=self.config.metrics_host, registry=self.metrics.registry
@@ -86,12 +96,34 @@ class EnvServer:
             log.exception("renderer self-check failed: health stays NOT_SERVING")
         self._watch = asyncio.create_task(self._watch_readiness(), name="readiness")
         log.info(
-            "tito env server %s (%s) listening on %s; environments: %s",
+            "tito env server %s (%s) listening on %s (%s); environments: %s",
             self.config.server_name,
             self.instance_id,
             self.address,
+            self.security,
             ", ".join(sorted(self.environments)),
         )
+
+    @property
+    def security(self) -> str:
+        """What protects the port, for the start-up log line (never the tokens themselves)."""
+        tls = self.config.tls
+        parts = ["mTLS" if tls.client_ca_file else "TLS"] if tls.enabled else ["plaintext"]
+        parts.append(f"{len(self.tokens)} bearer token(s)" if self.tokens else "no token")
+        if self.health_port:
+            parts.append(f"plaintext health on port {self.health_port}")
+        return ", ".join(parts)
+
+    def _listen(self, server: grpc.aio.Server, port: int, credentials: grpc.ServerCredentials | None) -> int:
+        address = f"{self.config.host}:{port}"
+        try:
+            bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+        except RuntimeError:
+            bound = 0
+        if bound == 0:  # OSError: `python -m env_server` reports it as one line
+            raise OSError(f"cannot listen on {address}: the port is in use or the host is not an address of this "
+                          "machine (set host/port, TITO_HOST/TITO_PORT or --host/--port)")
+        return bound
 
     async def _watch_readiness(self) -> None:
         """Health is SERVING only once the renderer passed its self-check and while the pool can hand
@@ -126,6 +158,8 @@ class EnvServer:
             self._watch.cancel()
         if self._server:
             await self._server.stop(self.config.shutdown_grace_s)
+        if self._health_server:
+            await self._health_server.stop(None)
         await self.sessions.stop_reaper()
         await self.sessions.close_all("server shutdown")
         await self.pool.close()

@@ -65,10 +65,14 @@ class ServerProcess:
     proc: subprocess.Popen
     metrics_port: int
     log_path: Path
+    # TLS servers: how the harness's own channel (health checks, stub()) connects.
+    credentials: grpc.ChannelCredentials | None = None
+    channel_options: list[tuple[str, str]] = field(default_factory=list)
     channel: grpc.Channel = field(init=False)
 
     def __post_init__(self) -> None:
-        self.channel = grpc.insecure_channel(self.address)
+        self.channel = (grpc.secure_channel(self.address, self.credentials, options=self.channel_options)
+                        if self.credentials else grpc.insecure_channel(self.address))
 
     @property
     def address(self) -> str:
@@ -119,8 +123,12 @@ def start_server(
     env: dict[str, str] | None = None,
     args: list[str] | None = None,
     wait: bool = True,
+    credentials: grpc.ChannelCredentials | None = None,
+    channel_options: list[tuple[str, str]] | None = None,
+    port: int | None = None,
 ) -> ServerProcess:
-    port, metrics_port = free_port(), free_port()
+    """`port`: listen there (a restarted replica on its old address), else on a free port."""
+    port, metrics_port = port or free_port(), free_port()
     server_name = server_name or f"test-{uuid.uuid4().hex[:8]}"
     log_path = tmp_dir / f"server-{server_name}-{port}.log"
     full_env = {
@@ -138,7 +146,7 @@ def start_server(
     ]
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=log_file, stderr=subprocess.STDOUT)
-    server = ServerProcess(port, server_name, proc, metrics_port, log_path)
+    server = ServerProcess(port, server_name, proc, metrics_port, log_path, credentials, channel_options or [])
     if wait:
         server.wait_serving()
     return server

@@ -33,3 +33,11 @@ def client_options() -> list[tuple[str, int]]:
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
+
+
+# Bearer-token auth (env_server/auth.py checks it; tito.client sends it).
+AUTH_METADATA_KEY = "authorization"
+
+
+def bearer_metadata(token: str) -> tuple[str, str]:
+    return (AUTH_METADATA_KEY, f"Bearer {token}")

@@ -7,34 +7,46 @@
             result = session.step(completion_ids)
 
 `AsyncTitoClient` has the same methods as coroutines. Results are `tito.types`; errors are
-`TitoError` subclasses named after their gRPC status.
+`TitoError` subclasses named after their gRPC status. Over TLS and with a bearer token:
+`TitoClient(address, tls=TlsOptions(ca_file=...), token=...)`. Several replicas: `ReplicaClient`
+(`AsyncReplicaClient`), see `docs/scaling.md`.
 """
 
 from tito.client.aio import AsyncSession, AsyncTitoClient
+from tito.client.connection import TlsOptions
 from tito.client.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     NotServingError,
+    PermissionDeniedError,
     ResourceExhaustedError,
     TitoError,
+    UnauthenticatedError,
     UnavailableError,
 )
-from tito.client.sync import Session, TitoClient
+from tito.client.replicas import AsyncReplicaClient, ReplicaStatus
+from tito.client.sync import ReplicaClient, Session, TitoClient
 from tito.types import StepResult, StepStatus
 
 __all__ = [
+    "AsyncReplicaClient",
     "AsyncSession",
     "AsyncTitoClient",
     "FailedPreconditionError",
     "InvalidArgumentError",
     "NotFoundError",
     "NotServingError",
+    "PermissionDeniedError",
+    "ReplicaClient",
+    "ReplicaStatus",
     "ResourceExhaustedError",
     "Session",
     "StepResult",
     "StepStatus",
     "TitoClient",
     "TitoError",
+    "TlsOptions",
+    "UnauthenticatedError",
     "UnavailableError",
 ]

@@ -25,7 +25,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tito import wire
-from tito.channel_options import client_options
+from tito.client.connection import TlsOptions, call_metadata, open_channel
 from tito.client.errors import FailedPreconditionError, NotServingError, TitoError, error_from_rpc
 from tito.fingerprint import RENDERER_VERSION, compute_fingerprint
 from tito.tokenizer_files import tokenizer_files
@@ -49,19 +49,23 @@ DEFAULT_DEADLINE_S = 600.0
 
 
 class AsyncTitoClient:
-    """One channel to one env server."""
+    """One channel to one env server.
+
+    `tls=TlsOptions(ca_file=..., cert_file=..., key_file=...)` connects with TLS (mTLS with a client
+    certificate), `token=` sends `authorization: Bearer <token>` with every call; `credentials=` (ready-made
+    gRPC channel credentials) and `metadata=` (extra call metadata) remain for anything else.
+    """
 
     def __init__(self, address: str, *, deadline_s: float = DEFAULT_DEADLINE_S, retries: int = 4,
-                 backoff_s: float = 0.25, credentials: grpc.ChannelCredentials | None = None,
+                 backoff_s: float = 0.25, tls: TlsOptions | None = None, token: str | None = None,
+                 credentials: grpc.ChannelCredentials | None = None,
                  metadata: Sequence[tuple[str, str]] = ()) -> None:
         self.address = address
         self.deadline_s = deadline_s
         self.retries = retries
         self.backoff_s = backoff_s
-        self.metadata = tuple(metadata)
-        options = client_options()
-        self.channel = (grpc.aio.secure_channel(address, credentials, options=options) if credentials
-                        else grpc.aio.insecure_channel(address, options=options))
+        self.metadata = call_metadata(token, metadata)
+        self.channel = open_channel(address, tls, credentials)
         self.stub = pb_grpc.EnvironmentStub(self.channel)
 
     async def close(self) -> None:
@@ -99,7 +103,8 @@ class AsyncTitoClient:
         last = "no answer"
         while loop.time() < deadline:
             try:
-                resp = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+                resp = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5,
+                                          metadata=self.metadata or None)
                 if resp.status == health_pb2.HealthCheckResponse.SERVING:
                     return
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)

@@ -35,6 +35,14 @@ class UnavailableError(TitoError):
     """The server or its sandbox pool cannot serve now (still after the client's retries)."""
 
 
+class UnauthenticatedError(TitoError):
+    """The server wants a bearer token the client did not send, or refused the one it sent (token=...)."""
+
+
+class PermissionDeniedError(TitoError):
+    """The server knows the caller but does not allow the call."""
+
+
 class NotServingError(TitoError):
     """The server did not report SERVING on grpc.health.v1 in time."""
 
@@ -45,6 +53,8 @@ _BY_CODE: dict[grpc.StatusCode, type[TitoError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
 }
 
 

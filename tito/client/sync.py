@@ -9,22 +9,27 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tito.client.aio import AsyncSession, AsyncTitoClient
+from tito.client.replicas import AsyncReplicaClient, ReplicaStatus
 from tito.types import EnvironmentInfo, Message, StepResult, TokenizerRegistration, ToolCall, ToolSpec
 
 T = TypeVar("T")
 
 
 class TitoClient:
-    def __init__(self, address: str, **kwargs: Any) -> None:
+    """Blocking client of one server; takes `AsyncTitoClient`'s arguments (tls=, token=, ...)."""
+
+    _async_class: Callable[..., Any] = AsyncTitoClient
+
+    def __init__(self, address: Any, **kwargs: Any) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tito-client", daemon=True)
         self._thread.start()
         # grpc.aio channels belong to the loop they are made on: make the client there.
-        self.aio: AsyncTitoClient = self.run(_make(address, kwargs))
+        self.aio: AsyncTitoClient = self.run(_make(self._async_class, address, kwargs))
 
     def run(self, awaitable: Awaitable[T]) -> T:
         """Run one coroutine of the async client to its end."""
@@ -113,8 +118,32 @@ class Session:
         self.close()
 
 
-async def _make(address: str, kwargs: dict[str, Any]) -> AsyncTitoClient:
-    return AsyncTitoClient(address, **kwargs)
+class ReplicaClient(TitoClient):
+    """Blocking client of several replicas: `AsyncReplicaClient` on the private loop, same methods."""
+
+    _async_class = AsyncReplicaClient
+    aio: AsyncReplicaClient  # type: ignore[assignment]
+
+    def __init__(self, addresses: str | Sequence[str], **kwargs: Any) -> None:
+        super().__init__(addresses, **kwargs)
+        try:
+            self.run(self.aio.start())
+        except BaseException:
+            self.close()  # no thread left behind by a name that does not resolve
+            raise
+
+    def wait_ready(self, timeout_s: float = 120.0, min_ready: int | None = None) -> None:
+        self.run(self.aio.wait_ready(timeout_s, min_ready))
+
+    def status(self) -> list[ReplicaStatus]:
+        return self.aio.status()
+
+    def replica_of(self, session_id: str) -> str | None:
+        return self.aio.replica_of(session_id)
+
+
+async def _make(cls: Callable[..., T], target: Any, kwargs: dict[str, Any]) -> T:
+    return cls(target, **kwargs)
 
 
 async def _as_coro(awaitable: Awaitable[T]) -> T:
