@@ -40,7 +40,7 @@ async def main() -> None:
                        server_name=f"bench-{uuid.uuid4().hex[:6]}", instance_id="bench")
     await pool.start()
     if not pool.ready:
-        raise SystemExit(f"sandbox pool not ready: {pool.not_ready_reason}")
+        raise SystemExit(f"sandbox pool not ready: {pool.reason}")
     try:
         sb = await pool.acquire()
         await sb.execute("x = 0")

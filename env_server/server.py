@@ -55,7 +55,7 @@ class EnvServer:
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
         self._metrics_http = None
-        self._watch: asyncio.Task | None = None
+        self._serving: bool | None = None  # what health says now
         self._stopped = asyncio.Event()
 
     @property
@@ -88,13 +88,16 @@ class EnvServer:
             )
         self.sessions.start_reaper(self.config.reap_interval_s)
         renderer_check = asyncio.create_task(asyncio.to_thread(renderer_self_check))
+        # Health follows the pool's transitions (no polling); the depth gauge is read when scraped.
+        self.pool.on_change(lambda state: self._update_health())
+        self.metrics.pool_depth.set_function(lambda: self.pool.depth)
         await self.pool.start()
         try:
             await renderer_check
             self.renderer_ready = True
         except Exception:
             log.exception("renderer self-check failed: health stays NOT_SERVING")
-        self._watch = asyncio.create_task(self._watch_readiness(), name="readiness")
+        await self._update_health()
         log.info(
             "tito env server %s (%s) listening on %s (%s); environments: %s",
             self.config.server_name,
@@ -125,18 +128,13 @@ class EnvServer:
                           "machine (set host/port, TITO_HOST/TITO_PORT or --host/--port)")
         return bound
 
-    async def _watch_readiness(self) -> None:
-        """Health is SERVING only once the renderer passed its self-check and while the pool can hand
-        out sandboxes."""
-        serving: bool | None = None
-        while True:
-            ready = self.renderer_ready and self.pool.ready
-            if ready != serving:
-                serving = ready
-                await self._set_health(ready)
-                log.info("health: %s", "SERVING" if ready else "NOT_SERVING")
-            self.metrics.pool_depth.set(self.pool.depth)
-            await asyncio.sleep(0.25)
+    async def _update_health(self) -> None:
+        """SERVING only once the renderer passed its self-check and while the pool can hand out sandboxes."""
+        ready = self.renderer_ready and self.pool.ready
+        if ready != self._serving:
+            self._serving = ready
+            await self._set_health(ready)
+            log.info("health: %s (%s)", "SERVING" if ready else "NOT_SERVING", self.pool.status_detail)
 
     async def _set_health(self, ok: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -154,8 +152,6 @@ class EnvServer:
         self._stopped.set()
         log.info("shutting down: draining calls (grace %.1fs)", self.config.shutdown_grace_s)
         await self._set_health(False)
-        if self._watch:
-            self._watch.cancel()
         if self._server:
             await self._server.stop(self.config.shutdown_grace_s)
         if self._health_server:

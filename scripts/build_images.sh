@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds tito's images on the local Docker daemon (docker build; Docker's layer cache makes a re-run
 # take a second or two):
-#   tito-sandbox-python:latest   sandbox_images/python      (the server starts sandboxes from it)
+#   tito-sandbox-python:latest   sandbox_images/python/Dockerfile, context . (the server starts sandboxes from it)
 #   tito-env-server:latest       env_server/Dockerfile      (what compose.yaml runs)
 #
 # Usage: scripts/build_images.sh [sandbox] [server]     (default: both)
@@ -57,7 +57,7 @@ for t in "${targets[@]}"; do
     case "$t" in
         sandbox)
             [ -f sandbox_images/python/Dockerfile ] || die "sandbox_images/python/Dockerfile is missing"
-            run_build "$SANDBOX_IMAGE" sandbox_images/python
+            run_build "$SANDBOX_IMAGE" -f sandbox_images/python/Dockerfile .
             ;;
         server)
             [ -f env_server/Dockerfile ] || die "env_server/Dockerfile is missing"

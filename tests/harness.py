@@ -16,6 +16,7 @@ import docker
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from env_server.sandbox.labels import selector
 from tito.v1 import environment_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,10 +52,7 @@ class ContainerInfo:
 def containers_of(server_name: str, instance: str | None = None) -> list[ContainerInfo]:
     """Containers (any state) of a server. One list call: no per-container inspect that could race
     with a server removing them."""
-    labels = ["tito.managed=1", f"tito.server={server_name}"]
-    if instance:
-        labels.append(f"tito.instance={instance}")
-    rows = docker.from_env().api.containers(all=True, filters={"label": labels})
+    rows = docker.from_env().api.containers(all=True, filters=selector(server=server_name, instance=instance))
     return [ContainerInfo(r["Id"], r["Names"][0].lstrip("/"), r.get("Labels") or {}) for r in rows]
 
 

@@ -45,8 +45,8 @@ class PythonEnvironment(Environment):
         result = await self.sandbox.execute(args.code, timeout_s=self.env_args.timeout_s)
         return ToolResult(
             content=format_exec_result(result),
-            truncated=result.stdout_truncated or result.stderr_truncated,
-            lost_reason=(result.lost_reason or "the interpreter died") if result.lost else None,
+            truncated=result.truncated,
+            lost_reason=result.lost_reason,
         )
 
     def reward(self, final_text: str) -> float | None:
@@ -72,6 +72,5 @@ def format_exec_result(r: ExecResult) -> str:
     if r.timed_out and not r.lost:
         parts.append("[timed out: execution was interrupted; variables defined before the interrupt are kept]")
     if r.lost:
-        parts.append(f"[sandbox lost: {r.lost_reason or 'the interpreter died'}; its state is gone and this session "
-                     "cannot continue]")
+        parts.append(f"[sandbox lost: {r.lost_reason}; its state is gone and this session cannot continue]")
     return "\n".join(parts) if parts else "(no output)"

@@ -10,10 +10,12 @@ task per channel demultiplexes frames and resolves the pending request futures.
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import logging
 import socket
 from typing import Any
+
+from . import repl_protocol as protocol
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +98,9 @@ class ReplChannel:
 
     def _dispatch(self, line: bytes) -> None:
         try:
-            msg = json.loads(line)
+            msg = protocol.decode(line)
         except ValueError:
             raise ValueError(f"malformed reply: {line[:200]!r}") from None
-        if not isinstance(msg, dict):
-            raise ValueError(f"malformed reply: {line[:200]!r}")
         if msg.get("type") == "ready":
             if not self._ready.done():
                 self._ready.set_result(msg)
@@ -147,17 +147,17 @@ class ReplChannel:
     async def wait_ready(self) -> dict[str, Any]:
         return await asyncio.shield(self._ready)
 
-    async def send(self, msg: dict[str, Any]) -> asyncio.Future[dict[str, Any]]:
-        """Writes a request; returns the future of its reply (fails with ChannelClosed on EOF)."""
+    async def send(self, request: protocol.ExecRequest | protocol.Ping) -> asyncio.Future[dict[str, Any]]:
+        """Writes a request (its id assigned here); returns the future of its reply, a decoded line
+        for the caller to parse (fails with ChannelClosed on EOF)."""
         if self.closed:
             raise ChannelClosed(self.close_reason or "channel closed")
         self._next_id += 1
         rid = self._next_id
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
-        msg = dict(msg, id=rid)
         try:
-            self._writer.write(json.dumps(msg, ensure_ascii=True).encode("ascii") + b"\n")
+            self._writer.write(protocol.encode(dataclasses.replace(request, id=rid)))
             await self._writer.drain()
         except (OSError, RuntimeError) as exc:
             self._pending.pop(rid, None)

@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_IMAGE = "tito-sandbox-python:latest"
 BUILD_HINT = (
-    "build it with: docker build -t tito-sandbox-python:latest sandbox_images/python "
-    "(offline: add --build-arg BASE_IMAGE=<local image with python3>)"
+    "build it with: scripts/build_images.sh sandbox (or: docker build -f sandbox_images/python/Dockerfile "
+    "-t tito-sandbox-python:latest . ; offline: add --build-arg BASE_IMAGE=<local image with python3>)"
 )
 
 

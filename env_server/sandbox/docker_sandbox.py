@@ -9,31 +9,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import re
 import signal
-import socket
-import ssl
 import time
 import uuid
 from typing import Any, Callable, TypeVar
 
 import docker
 import docker.errors
-from docker.types import LogConfig, Ulimit
 
+from . import repl_protocol as protocol
 from .channel import ChannelClosed, ReplChannel
 from .config import SandboxConfig, parse_bytes
+from .container import ContainerHandle
 from .result import ExecResult
-from .socket_channel import SocketEndpoint
+from .startup import SandboxStart
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-LABEL_MANAGED = "tito.managed"
-LABEL_SERVER = "tito.server"
-LABEL_INSTANCE = "tito.instance"
-LABEL_SESSION = "tito.session"
-REPL_EXIT_CHANNEL_BROKEN = 70  # repl_server.py exits with this when it cannot write a reply
 
 
 class SandboxError(Exception):
@@ -42,11 +34,6 @@ class SandboxError(Exception):
 
 def new_session_id() -> str:
     return uuid.uuid4().hex
-
-
-def container_name(server_name: str, session_id: str) -> str:
-    safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", server_name)[:40] or "x"
-    return f"tito-{safe}-{session_id[:16]}"
 
 
 def describe_exit(state: dict[str, Any], mem_limit: str) -> str:
@@ -68,38 +55,32 @@ def describe_exit(state: dict[str, Any], mem_limit: str) -> str:
         if name == "SIGKILL":
             return f"killed by SIGKILL (exit code {code})"
         return f"killed by {name} (exit code {code})"
-    if code == REPL_EXIT_CHANNEL_BROKEN:
+    if code == protocol.EXIT_CHANNEL_BROKEN:
         return f"REPL exited with code {code} (its protocol channel was broken by the code)"
     return f"REPL exited with code {code}"
 
 
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        log.warning(message)
-
-
-def _own_socket(attached: Any) -> socket.socket:
-    """Takes the fd out of the SDK's hijacked-socket wrapper so nothing else can close it."""
-    raw = getattr(attached, "_sock", attached)
-    if isinstance(raw, ssl.SSLSocket) or not isinstance(raw, socket.socket):
-        raise SandboxError(
-            f"the attach stream is a {type(raw).__name__}; only unix-socket or plain-TCP Docker "
-            "endpoints are supported (mount /var/run/docker.sock)")
-    return socket.socket(fileno=raw.detach())
+def _start_error(exc: BaseException, timeout_s: float, image: str) -> BaseException:
+    """What a failed start raises: a SandboxError that says why, or the exception itself."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return SandboxError(f"sandbox did not become ready within {timeout_s:.1f} s")
+    if isinstance(exc, docker.errors.ImageNotFound):
+        return SandboxError(f"sandbox image {image!r} not found")
+    if isinstance(exc, ChannelClosed):
+        return SandboxError(f"sandbox REPL died during start-up: {exc}")
+    if isinstance(exc, ValueError):
+        return SandboxError(f"sandbox REPL sent a malformed ready line: {exc}")
+    if isinstance(exc, (docker.errors.DockerException, OSError)):
+        return SandboxError(f"could not start sandbox: {exc}")
+    return exc
 
 
 class Sandbox:
     """A started container with a ready REPL; use `Sandbox.create` (or a `SandboxPool`)."""
 
-    def __init__(self, *, client: docker.DockerClient, container_id: str, channel: ReplChannel,
-                 config: SandboxConfig, session_id: str, executor: concurrent.futures.Executor,
-                 attach: ReplChannel | None = None):
-        self._client = client
-        self.container_id = container_id
+    def __init__(self, *, container: ContainerHandle, channel: ReplChannel, config: SandboxConfig,
+                 session_id: str, executor: concurrent.futures.Executor, attach: ReplChannel | None = None):
+        self.container = container
         # Calls go over `_channel`; `_attach` (the container's stdio) is the same object in attach
         # mode, and in socket mode stays open as the dead-man switch and death detector.
         self._channel = channel
@@ -113,6 +94,10 @@ class Sandbox:
         self.created_at = time.monotonic()
 
     @property
+    def container_id(self) -> str:
+        return self.container.id
+
+    @property
     def alive(self) -> bool:
         return (not self._destroyed and self.lost_reason is None and not self._channel.closed
                 and not self._attach.closed)
@@ -121,151 +106,26 @@ class Sandbox:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
-    # -- creation ---------------------------------------------------------------------------------
-
-    @staticmethod
-    def container_kwargs(config: SandboxConfig, labels: dict[str, str], name: str,
-                         client: docker.DockerClient,
-                         endpoint: SocketEndpoint | None = None) -> dict[str, Any]:
-        """Arguments for the low-level `APIClient.create_container` (it alone takes stdin_once)."""
-        tmpfs_opts = config.tmpfs_options
-        uid, _, gid = config.user.partition(":")
-        # Numeric user: the workdir belongs to it (0700). A user name can't be resolved here,
-        # so fall back to a sticky world-writable workdir.
-        numeric = uid.isdigit() and (gid or uid).isdigit()
-        owner = f",mode=0700,uid={uid},gid={gid or uid}" if numeric else ",mode=1777"
-        host_config = client.api.create_host_config(
-            network_mode=config.network_mode,
-            read_only=config.read_only,
-            tmpfs={
-                config.workdir: f"{tmpfs_opts},size={config.workdir_size}{owner}",
-                "/tmp": f"{tmpfs_opts},size={config.tmp_size},mode=1777",
-            },
-            cap_drop=list(config.cap_drop),
-            security_opt=list(config.security_opt),
-            pids_limit=config.pids_limit,
-            mem_limit=config.mem_limit,
-            memswap_limit=config.effective_memswap_limit,
-            nano_cpus=config.nano_cpus,
-            init=config.init,
-            # No core files (a host core_pattern pipe would run on the host); bounded fds.
-            ulimits=[Ulimit(name="core", soft=0, hard=0),
-                     Ulimit(name="nofile", soft=config.nofile_limit, hard=config.nofile_limit)],
-            # The protocol flows through stdout: don't have dockerd write it to disk too.
-            log_config=LogConfig(type=LogConfig.types.NONE),
-            binds=endpoint.bind if endpoint else None,
-        )
-        return dict(
-            image=config.image,
-            command=list(config.command) if config.command else None,
-            name=name,
-            labels=labels,
-            # detach=False + stdin_open sets StdinOnce: when our attach closes (server exit,
-            # crash, SIGKILL), the REPL gets EOF on stdin and exits; the container stops
-            # instead of leaking.
-            stdin_open=True, tty=False, detach=False,
-            use_config_proxy=False,  # never inject the host's proxy settings
-            working_dir=config.workdir,
-            environment={"HOME": config.workdir, **(endpoint.environment if endpoint else {}),
-                         **config.environment},
-            user=config.user,
-            hostname="sandbox",
-            host_config=host_config,
-        )
-
     @classmethod
     async def create(cls, client: docker.DockerClient, config: SandboxConfig, *, server_name: str,
                      instance_id: str, executor: concurrent.futures.Executor,
-                     timeout_s: float = 30.0, session_id: str | None = None) -> "Sandbox":
-        """Creates, attaches, starts and waits for the REPL's ready line. Removes the container on failure."""
-        session_id = session_id or new_session_id()
-        labels = {**config.labels, LABEL_MANAGED: "1", LABEL_SERVER: server_name,
-                  LABEL_INSTANCE: instance_id, LABEL_SESSION: session_id}
-        loop = asyncio.get_running_loop()
-        endpoint = None
-        if config.channel == "socket":
-            endpoint = SocketEndpoint(config.socket_dir, instance_id, session_id, config.user, server_name)
-            try:
-                await loop.run_in_executor(executor, endpoint.open)
-            except OSError as exc:
-                _warn_once(f"cannot listen in socket_dir {config.socket_dir!r} ({exc}); sandboxes use the "
-                           "slower attach channel (set sandbox.socket_dir to a writable folder)")
-                endpoint = None
-        kwargs = cls.container_kwargs(config, labels, container_name(server_name, session_id), client, endpoint)
-        holder: dict[str, str] = {}
-
-        def create_and_start() -> socket.socket:
-            holder["id"] = client.api.create_container(**kwargs)["Id"]
-            # Attach before start so no output can be missed, and so no read-ahead is buffered
-            # inside the HTTP client when we take the socket.
-            attached = client.api.attach_socket(
-                holder["id"], params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-            sock = _own_socket(attached)
-            try:
-                client.api.start(holder["id"])
-            except BaseException:
-                sock.close()
-                raise
-            return sock
-
-        def remove() -> None:
-            if "id" in holder:
-                try:
-                    client.api.remove_container(holder["id"], force=True)
-                except docker.errors.NotFound:
-                    pass
-                except Exception as exc:  # noqa: BLE001
-                    log.warning("could not remove failed sandbox %s: %s", holder["id"][:12], exc)
-
-        def cleanup() -> None:
-            try:
-                cfut.result().close()
-            except BaseException:  # noqa: BLE001 - create failed; nothing to close
-                pass
-            remove()
-
-        start = loop.time()
-        channel: ReplChannel | None = None
-        calls: ReplChannel | None = None
-        cfut = executor.submit(create_and_start)
+                     timeout_s: float = 30.0, session_id: str | None = None) -> Sandbox:
+        """Starts a sandbox (see `startup.py`); a failed start leaves no container behind."""
+        start = SandboxStart(client, config, server_name=server_name, instance_id=instance_id,
+                             session_id=session_id or new_session_id(), executor=executor)
         try:
-            sock = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(cfut)), timeout_s)
-            max_line = 6 * (2 * config.output_cap_bytes + 2 * config.value_cap_chars) + (1 << 16)
-            channel = await ReplChannel.open(sock, name=session_id[:12], max_line_bytes=max_line)
-            left = max(0.1, timeout_s - (loop.time() - start))
-            ready = await asyncio.wait_for(channel.wait_ready(), left)
-            calls = channel
-            if endpoint is not None:
-                if ready.get("channel") == "socket":
-                    left = max(0.1, timeout_s - (loop.time() - start))
-                    conn = await endpoint.accept(left)
-                    calls = await ReplChannel.open(conn, name=session_id[:12], max_line_bytes=max_line,
-                                                   framed=False)
-                else:
-                    _warn_once(f"a sandbox could not reach its socket ({ready.get('channel_error')}); "
-                               "sandboxes use the slower attach channel. If the server runs in a container, "
-                               f"mount {config.socket_dir} at the same path in it")
+            await start.run(timeout_s)
         except BaseException as exc:
-            if calls is not None and calls is not channel:
-                await calls.close()
-            if channel is not None:
-                await channel.close()
-            # If the SDK call is still blocked, this waits for it in the executor, then cleans up.
-            await asyncio.shield(loop.run_in_executor(executor, cleanup))
-            if isinstance(exc, asyncio.TimeoutError):
-                raise SandboxError(f"sandbox did not become ready within {timeout_s:.1f} s") from None
-            if isinstance(exc, docker.errors.ImageNotFound):
-                raise SandboxError(f"sandbox image {config.image!r} not found") from exc
-            if isinstance(exc, ChannelClosed):
-                raise SandboxError(f"sandbox REPL died during start-up: {exc}") from exc
-            if isinstance(exc, (docker.errors.DockerException, OSError)):
-                raise SandboxError(f"could not start sandbox: {exc}") from exc
-            raise
+            await start.abort()
+            error = _start_error(exc, timeout_s, config.image)
+            if error is exc:
+                raise
+            raise error from (None if isinstance(exc, asyncio.TimeoutError) else exc)
         finally:
-            if endpoint is not None:
-                endpoint.close()  # the accepted connection lives on; nothing else may connect
-        return cls(client=client, container_id=holder["id"], channel=calls, config=config,
-                   session_id=session_id, executor=executor, attach=channel)
+            start.close_endpoint()
+        assert start.container is not None and start.calls is not None
+        return cls(container=start.container, channel=start.calls, config=config, session_id=start.session_id,
+                   executor=executor, attach=start.attach)
 
     # -- calls ------------------------------------------------------------------------------------
 
@@ -289,8 +149,8 @@ class Sandbox:
             if not self.alive:
                 # Died while idle (or earlier): same diagnosis as a death during a call.
                 return self._lost_result(ms(), reason=await self._death_reason())
-            request = {"code": code, "timeout": timeout, "cap": self.config.output_cap_bytes,
-                       "value_cap": self.config.value_cap_chars}
+            request = protocol.ExecRequest(code=code, timeout=timeout, cap=self.config.output_cap_bytes,
+                                           value_cap=self.config.value_cap_chars)
             try:
                 fut = await self._channel.send(request)
                 interrupted = False
@@ -314,50 +174,40 @@ class Sandbox:
     async def ping(self) -> float:
         """Round trip of a no-op protocol message, in ms (raises ChannelClosed if dead)."""
         t0 = time.perf_counter()
-        fut = await self._channel.send({"op": "ping"})
+        fut = await self._channel.send(protocol.Ping())
         await fut
         return (time.perf_counter() - t0) * 1000.0
 
     @staticmethod
-    def _to_result(reply: dict[str, Any], interrupted: bool, duration_ms: float) -> ExecResult:
-        def s(key: str) -> str:
-            v = reply.get(key)
-            return v if isinstance(v, str) else ""
-
-        def opt(key: str) -> str | None:
-            v = reply.get(key)
-            return v if isinstance(v, str) else None
-
-        def n(key: str) -> int:
-            v = reply.get(key)
-            return v if isinstance(v, int) and v >= 0 else 0
-
-        if reply.get("type") != "result":
-            return ExecResult.failure(error=f"sandbox error: {opt('error') or 'malformed reply'}",
-                                      duration_ms=duration_ms)
-        timed_out = bool(reply.get("timed_out")) or interrupted
-        error = opt("error")
+    def _to_result(message: dict[str, Any], interrupted: bool, duration_ms: float) -> ExecResult:
+        try:
+            reply = protocol.parse_reply(message)
+        except ValueError as exc:
+            return ExecResult.failure(error=f"sandbox error: malformed reply ({exc})", duration_ms=duration_ms)
+        if not isinstance(reply, protocol.ExecReply):
+            detail = reply.error if isinstance(reply, protocol.ErrorReply) else f"unexpected {reply.type} reply"
+            return ExecResult.failure(error=f"sandbox error: {detail}", duration_ms=duration_ms)
+        error = reply.error
         if interrupted and error and error.rstrip().endswith("KeyboardInterrupt"):
             error = error.rstrip() + "\n(interrupted by the sandbox after the timeout)\n"
         return ExecResult(
-            stdout=s("stdout"), stderr=s("stderr"), value=opt("value"), error=error,
-            stdout_truncated=bool(reply.get("stdout_truncated")),
-            stderr_truncated=bool(reply.get("stderr_truncated")),
-            timed_out=timed_out, lost=False, lost_reason=None, duration_ms=duration_ms,
-            stdout_dropped=n("stdout_dropped"), stderr_dropped=n("stderr_dropped"))
+            stdout=reply.stdout, stderr=reply.stderr, value=reply.value, error=error,
+            stdout_truncated=reply.stdout_truncated, stderr_truncated=reply.stderr_truncated,
+            timed_out=reply.timed_out or interrupted, lost_reason=None, duration_ms=duration_ms,
+            stdout_dropped=max(0, reply.stdout_dropped), stderr_dropped=max(0, reply.stderr_dropped),
+            value_truncated=reply.value_truncated)
 
     def _lost_result(self, duration_ms: float, *, reason: str | None,
                      timed_out: bool = False) -> ExecResult:
-        reason = reason or "sandbox lost"
-        return ExecResult.failure(error=f"The sandbox was lost: {reason}. Its state is gone.",
-                                  duration_ms=duration_ms, lost=True, lost_reason=reason,
+        # No error text: the loss is reported once, from lost_reason.
+        return ExecResult.failure(error=None, duration_ms=duration_ms, lost_reason=reason or "sandbox lost",
                                   timed_out=timed_out)
 
     # -- death ------------------------------------------------------------------------------------
 
     async def _signal(self, sig: str) -> None:
         try:
-            await self._run(self._client.api.kill, self.container_id, signal=sig)
+            await self._run(self.container.signal, sig)
         except docker.errors.DockerException as exc:
             log.info("sandbox %s: %s not delivered: %s", self.session_id[:12], sig, exc)
 
@@ -377,12 +227,12 @@ class Sandbox:
 
         def inspect() -> dict[str, Any]:
             try:
-                self._client.api.wait(self.container_id, timeout=5)
+                self.container.wait(5)
             except Exception:  # noqa: BLE001 - still running (REPL closed its channel) or gone
                 pass
-            state = self._client.api.inspect_container(self.container_id)["State"]
+            state = self.container.state()
             if state.get("Running"):
-                self._client.api.kill(self.container_id)
+                self.container.signal("SIGKILL")
             return state
 
         try:
@@ -404,9 +254,7 @@ class Sandbox:
         await self._channel.close()
         await self._attach.close()
         try:
-            await self._run(self._client.api.remove_container, self.container_id, force=True)
-        except docker.errors.NotFound:
-            pass
+            await self._run(self.container.remove)
         except Exception as exc:  # noqa: BLE001
             log.warning("could not remove sandbox container %s: %s", self.container_id[:12], exc)
 

@@ -1,10 +1,19 @@
-"""Warm pool of started sandboxes: bounded-rate background refill, start-up sweep, clean close."""
+"""Warm pool of started sandboxes: bounded-rate background refill, start-up sweep, clean close.
+
+The pool is a small state machine; every transition goes through `_enter`, which logs it and
+tells the listeners (the server sets gRPC health from it):
+
+    NOT_STARTED --start--> READY | UNAVAILABLE      (daemon reachable and image present, or not)
+    READY <--probe--> UNAVAILABLE                   (a failed create re-probes; the refill loop retries)
+    any --close--> CLOSED
+"""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import concurrent.futures
+import enum
 import logging
 import weakref
 from typing import Any, Callable, TypeVar
@@ -13,8 +22,10 @@ import docker
 import docker.errors
 
 from .config import BUILD_HINT, PoolConfig, SandboxConfig
+from .container import ContainerHandle
+from .docker_sandbox import Sandbox, SandboxError
+from .labels import LABEL_INSTANCE, selector
 from .socket_channel import remove_instance_dirs
-from .docker_sandbox import (LABEL_INSTANCE, LABEL_MANAGED, LABEL_SERVER, Sandbox, SandboxError)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -23,6 +34,13 @@ _MAX_BACKOFF_S = 30.0
 
 class SandboxUnavailable(SandboxError):
     """No sandbox can be made: the daemon is unreachable, the image is missing, or the pool is closed."""
+
+
+class PoolState(enum.Enum):
+    NOT_STARTED = "not started"
+    READY = "ready"
+    UNAVAILABLE = "unavailable"  # daemon unreachable or image missing: `reason` says which
+    CLOSED = "closed"
 
 
 class SandboxPool:
@@ -39,20 +57,43 @@ class SandboxPool:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._refill_task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
-        self._ready = False
-        self._closed = False
+        self.state = PoolState.NOT_STARTED
+        self.reason: str | None = "sandbox pool not started"  # why it is not READY
+        self._listeners: list[Callable[[PoolState], Any]] = []
         self._swept = False
-        self.not_ready_reason: str | None = "pool not started"
         self.created_total = 0
         self.failed_total = 0
         self._backoff = 0.0  # seconds to wait before the next refill attempt after failures
 
     # -- state ------------------------------------------------------------------------------------
 
+    def on_change(self, listener: Callable[[PoolState], Any]) -> None:
+        """Call `listener(state)` on every transition (an async listener is scheduled)."""
+        self._listeners.append(listener)
+
+    def _enter(self, state: PoolState, reason: str | None = None) -> None:
+        changed = state is not self.state or reason != self.reason
+        self.state, self.reason = state, reason
+        if not changed:
+            return
+        if state is PoolState.READY:
+            log.info("sandbox pool ready (image %s, server %s, instance %s)", self.sandbox_config.image,
+                     self.server_name, self.instance_id)
+        elif state is PoolState.UNAVAILABLE:
+            log.error("sandbox pool not ready: %s", reason)
+        for listener in self._listeners:
+            outcome = listener(state)
+            if asyncio.iscoroutine(outcome):
+                self._spawn(outcome)
+
     @property
     def ready(self) -> bool:
         """Image present and daemon reachable (and the pool not closed)."""
-        return self._ready and not self._closed
+        return self.state is PoolState.READY
+
+    @property
+    def _closed(self) -> bool:
+        return self.state is PoolState.CLOSED
 
     @property
     def depth(self) -> int:
@@ -62,17 +103,12 @@ class SandboxPool:
     @property
     def status_detail(self) -> str:
         """One line for health checks and UNAVAILABLE errors."""
-        if self._closed:
+        if self.state is PoolState.READY:
+            return (f"ready: {self.depth} warm of {self.pool_config.target_size}, "
+                    f"{self._creating} starting, image {self.sandbox_config.image}")
+        if self.state is PoolState.CLOSED:
             return "sandbox pool closed"
-        if not self._ready:
-            return self.not_ready_reason or "sandbox pool not ready"
-        return (f"ready: {self.depth} warm of {self.pool_config.target_size}, "
-                f"{self._creating} starting, image {self.sandbox_config.image}")
-
-    def _labels_filter(self, **extra: str) -> dict[str, list[str]]:
-        labels = [f"{LABEL_MANAGED}=1", f"{LABEL_SERVER}={self.server_name}"]
-        labels += [f"{k}={v}" for k, v in extra.items()]
-        return {"label": labels}
+        return self.reason or f"sandbox pool {self.state.value}"
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._executor is None:
@@ -103,7 +139,6 @@ class SandboxPool:
             self._client.ping()
             self._client.api.inspect_image(image)
 
-        was_ready = self._ready
         try:
             await self._run(check)
         except docker.errors.ImageNotFound:
@@ -112,19 +147,14 @@ class SandboxPool:
             reason = (f"Docker daemon unreachable ({exc}); start dockerd or set DOCKER_HOST, "
                       f"and make sure the image {image!r} exists ({BUILD_HINT})")
         else:
-            self._ready = True
-            self.not_ready_reason = None
-            if not was_ready:
-                log.info("sandbox pool ready (image %s, server %s, instance %s)", image,
-                         self.server_name, self.instance_id)
             if not self._swept:
                 self._swept = True
                 await self.sweep()
+            if not self._closed:
+                self._enter(PoolState.READY)
             return True
-        self._ready = False
-        if reason != self.not_ready_reason:
-            log.error("sandbox pool not ready: %s", reason)
-        self.not_ready_reason = reason
+        if not self._closed:
+            self._enter(PoolState.UNAVAILABLE, reason)
         return False
 
     async def sweep(self) -> int:
@@ -134,14 +164,11 @@ class SandboxPool:
 
         def do_sweep() -> int:
             removed = 0
-            for c in client.api.containers(all=True, filters=self._labels_filter()):
+            for c in client.api.containers(all=True, filters=selector(server=self.server_name)):
                 if (c.get("Labels") or {}).get(LABEL_INSTANCE) == self.instance_id:
                     continue
                 try:
-                    client.api.remove_container(c["Id"], force=True)
-                    removed += 1
-                except docker.errors.NotFound:
-                    pass
+                    removed += ContainerHandle(client.api, c["Id"]).remove()
                 except docker.errors.APIError as exc:
                     log.warning("sweep: could not remove %s: %s", c["Id"][:12], exc)
             return removed
@@ -161,7 +188,7 @@ class SandboxPool:
         """Destroys everything this instance started (pooled, handed out, being created)."""
         if self._closed:
             return
-        self._closed = True
+        self._enter(PoolState.CLOSED)
         tasks = [t for t in (self._refill_task, *self._tasks) if t is not None]
         for t in tasks:
             t.cancel()
@@ -179,11 +206,8 @@ class SandboxPool:
             def final_sweep() -> None:
                 # Anything of ours still there (e.g. a create that raced the cancellation).
                 for c in client.api.containers(
-                        all=True, filters=self._labels_filter(**{LABEL_INSTANCE: self.instance_id})):
-                    try:
-                        client.api.remove_container(c["Id"], force=True)
-                    except docker.errors.NotFound:
-                        pass
+                        all=True, filters=selector(server=self.server_name, instance=self.instance_id)):
+                    ContainerHandle(client.api, c["Id"]).remove()
                 client.close()
 
             try:
@@ -208,11 +232,11 @@ class SandboxPool:
         """A ready sandbox, from the pool or created on demand. Raises SandboxUnavailable/SandboxError."""
         if self._closed:
             raise SandboxUnavailable("sandbox pool is closed")
-        if not self._ready:
+        if not self.ready:
             if self._executor is None:
                 raise SandboxUnavailable("sandbox pool is not started")
             if not await self._probe():
-                raise SandboxUnavailable(f"sandbox pool not ready: {self.not_ready_reason}")
+                raise SandboxUnavailable(f"sandbox pool not ready: {self.reason}")
         try:
             while self._idle:
                 sb = self._idle.popleft()
@@ -255,7 +279,7 @@ class SandboxPool:
     async def _refill_loop(self) -> None:
         cfg = self.pool_config
         while not self._closed:
-            if not self._ready:
+            if not self.ready:
                 if not await self._probe():
                     await asyncio.sleep(cfg.probe_interval_s)
                     continue

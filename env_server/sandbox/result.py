@@ -14,19 +14,27 @@ class ExecResult:
     stdout_truncated: bool
     stderr_truncated: bool
     timed_out: bool  # interrupted at the timeout; interpreter state kept (unless lost)
-    lost: bool  # the sandbox is dead (killed after timeout, OOM, exit, segfault)
-    lost_reason: str | None  # human-readable, e.g. "out of memory (limit 512 MiB)"
+    # Set when the sandbox is dead (killed after timeout, OOM, exit, segfault): why, for people.
+    lost_reason: str | None
     duration_ms: float
     stdout_dropped: int = 0  # bytes beyond the cap, counted but not kept
     stderr_dropped: int = 0
+    value_truncated: bool = False  # the value or traceback was cut to its cap
+
+    @property
+    def lost(self) -> bool:
+        return self.lost_reason is not None
+
+    @property
+    def truncated(self) -> bool:
+        return self.stdout_truncated or self.stderr_truncated or self.value_truncated
 
     @property
     def ok(self) -> bool:
         return self.error is None and not self.timed_out and not self.lost
 
     @classmethod
-    def failure(cls, *, error: str | None, duration_ms: float, lost: bool = False,
-                lost_reason: str | None = None, timed_out: bool = False) -> "ExecResult":
+    def failure(cls, *, error: str | None, duration_ms: float, lost_reason: str | None = None,
+                timed_out: bool = False) -> ExecResult:
         return cls(stdout="", stderr="", value=None, error=error, stdout_truncated=False,
-                   stderr_truncated=False, timed_out=timed_out, lost=lost, lost_reason=lost_reason,
-                   duration_ms=duration_ms)
+                   stderr_truncated=False, timed_out=timed_out, lost_reason=lost_reason, duration_ms=duration_ms)

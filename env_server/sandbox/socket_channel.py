@@ -10,7 +10,6 @@ no writable host path.)
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -18,10 +17,10 @@ import shutil
 import socket
 from pathlib import Path
 
+from . import repl_protocol as protocol
+
 log = logging.getLogger(__name__)
 
-SANDBOX_SOCKET_DIR = "/run/tito"
-SANDBOX_SOCKET_PATH = f"{SANDBOX_SOCKET_DIR}/repl.sock"
 _SERVER_MARK = ".server"
 
 
@@ -61,11 +60,11 @@ class SocketEndpoint:
 
     @property
     def environment(self) -> dict[str, str]:
-        return {"TITO_REPL_SOCKET": SANDBOX_SOCKET_PATH, "TITO_REPL_TOKEN": self.token}
+        return {protocol.ENV_SOCKET: protocol.SANDBOX_SOCKET_PATH, protocol.ENV_TOKEN: self.token}
 
     @property
     def bind(self) -> dict[str, dict[str, str]]:
-        return {str(self.host_dir): {"bind": SANDBOX_SOCKET_DIR, "mode": "ro"}}
+        return {str(self.host_dir): {"bind": protocol.SANDBOX_SOCKET_DIR, "mode": "ro"}}
 
     async def accept(self, timeout_s: float) -> socket.socket:
         """The REPL's connection, after checking its token. Raises OSError / TimeoutError."""
@@ -74,8 +73,9 @@ class SocketEndpoint:
         conn, _ = await asyncio.wait_for(loop.sock_accept(self._listener), timeout_s)
         try:
             line = await asyncio.wait_for(_read_line(loop, conn), timeout_s)
-            hello = json.loads(line)
-            if not (isinstance(hello, dict) and secrets.compare_digest(str(hello.get("token", "")), self.token)):
+            message = protocol.decode(line)
+            token = message.get("token") if message.get("type") == "hello" else None
+            if not (isinstance(token, str) and secrets.compare_digest(token, self.token)):
                 raise OSError("the connection on the sandbox socket did not present the sandbox's token")
         except BaseException:
             conn.close()

@@ -1,30 +1,20 @@
 """tito sandbox REPL server (stdlib only; runs as PID 2 under docker-init).
 
-Protocol: newline-delimited JSON. The ready line always goes to the original stdout (the host
-reads it on the container's attach stream). The requests and replies then flow either over that
-same stdin/stdout ("stdio"), or, when $TITO_REPL_SOCKET names a unix socket the host listens on
-(bind-mounted read-only), over that socket ("socket": faster, since dockerd relays the attach
-stream). The socket's first line is {"type": "hello", "token": $TITO_REPL_TOKEN}; if the socket
-cannot be reached the REPL says so in its ready line and stays on stdio.
-
-    ready     REPL -> host   {"type": "ready", "pid": ..., "python": "3.12.1", "channel": "socket"}
-    request   host -> REPL   {"id": 1, "code": "x = 1", "timeout": 30.0, "cap": 65536, "value_cap": 65536}
-    ping      host -> REPL   {"id": 2, "op": "ping"}
-    reply     REPL -> host   {"type": "result", "id": 1, "stdout": ..., "stderr": ..., "value": ...,
-                              "error": ..., "stdout_truncated": ..., "stderr_truncated": ...,
-                              "stdout_dropped": ..., "stderr_dropped": ..., "timed_out": ...,
-                              "interrupted": ..., "duration_ms": ...}
+The wire protocol (messages, framing, constants) is declared in repl_protocol.py, which the host
+imports too. The ready line always goes to the original stdout (the host reads it on the
+container's attach stream); requests and replies then flow over the unix socket named by
+$TITO_REPL_SOCKET (bind-mounted read-only; the first line presents the one-time token), or, if it
+cannot be reached, over the same stdin/stdout — the ready line says which.
 
 The protocol fds are private: fd 0 is /dev/null and fds 1/2 are pipes drained by reader threads
-into per-call capped buffers, so neither user code, C extensions nor subprocesses can corrupt the
-protocol, and output is capped while it is produced. When stdin reaches EOF (the host went away)
-the REPL exits, and with it the container.
+into per-call capped buffers (repl_capture.py), so neither user code, C extensions nor
+subprocesses can corrupt the protocol, and output is capped while it is produced. When stdin
+reaches EOF (the host went away) the REPL exits, and with it the container.
 """
 
 import ast
 import builtins
 import io
-import json
 import linecache
 import os
 import signal
@@ -34,125 +24,19 @@ import threading
 import time
 import traceback
 
+# python3 -I leaves the script's folder off sys.path: the protocol and capture modules sit beside it.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import repl_protocol as protocol  # noqa: E402
+from repl_capture import PipeCapture  # noqa: E402
+
+del sys.path[0]
+
 MAIN_PID = os.getpid()
 THIS_FILE = os.path.abspath(__file__)
-# Unguessable per-process marker that ends a call's output on each capture pipe.
-SENTINEL = b"\x00\x1e<tito-end-" + os.urandom(12).hex().encode() + b">\x1e\x00"
-SENTINEL_WAIT_S = 2.0
-MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 
 class TimeoutInterrupt(BaseException):
     """Raised inside user code when the call's timeout fires (BaseException: `except Exception` can't eat it)."""
-
-
-class CappedBuffer:
-    """Keeps the first `cap` bytes of a stream and counts the rest."""
-
-    __slots__ = ("cap", "data", "dropped")
-
-    def __init__(self, cap):
-        self.cap = cap
-        self.data = bytearray()
-        self.dropped = 0
-
-    def add(self, chunk):
-        room = self.cap - len(self.data)
-        if room >= len(chunk):
-            self.data += chunk
-        else:
-            if room > 0:
-                self.data += chunk[:room]
-            self.dropped += len(chunk) - max(room, 0)
-
-    def text(self):
-        return self.data.decode("utf-8", "replace")
-
-
-class PipeCapture:
-    """A pipe whose write end becomes fd 1 or 2; a thread drains it into the current call's buffer.
-
-    Output arriving between calls (background threads/processes) is discarded. The end of a
-    call's output is found by writing SENTINEL into the pipe: the pipe is FIFO, so everything
-    written before it has been consumed once the reader sees it.
-    """
-
-    def __init__(self, target_fd):
-        self.target_fd = target_fd
-        r, w = os.pipe()
-        self.read_fd = r
-        self.write_fd = w  # private copy, re-dup2'd onto target_fd before and after every call
-        self.cond = threading.Condition()
-        self.sink = None
-        self.seen = 0
-        self.carry = b""
-        self.thread = threading.Thread(target=self._run, name="capture-%d" % target_fd, daemon=True)
-        self.thread.start()
-
-    def _deliver(self, data):
-        if data and self.sink is not None:
-            self.sink.add(data)
-
-    def _run(self):
-        slen = len(SENTINEL)
-        while True:
-            try:
-                data = os.read(self.read_fd, 65536)
-            except InterruptedError:
-                continue
-            except OSError:
-                return
-            if not data:
-                return
-            with self.cond:
-                buf = self.carry + data if self.carry else data
-                while True:
-                    idx = buf.find(SENTINEL)
-                    if idx < 0:
-                        break
-                    self._deliver(buf[:idx])
-                    self.sink = None
-                    self.seen += 1
-                    self.cond.notify_all()
-                    buf = buf[idx + slen:]
-                # Hold back a tail that could be the start of a sentinel split across reads.
-                keep = 0
-                for k in range(min(slen - 1, len(buf)), 0, -1):
-                    if buf.endswith(SENTINEL[:k]):
-                        keep = k
-                        break
-                if keep:
-                    self._deliver(buf[:-keep])
-                    self.carry = bytes(buf[-keep:])
-                else:
-                    self._deliver(buf)
-                    self.carry = b""
-
-    def begin(self, cap):
-        with self.cond:
-            self.sink = CappedBuffer(cap)
-            return self.seen
-
-    def end(self, seen_before):
-        """Marks the end of the call's output and waits until the reader has consumed it."""
-        sink = self.sink
-        try:
-            data = SENTINEL
-            while data:
-                n = os.write(self.write_fd, data)
-                data = data[n:]
-        except OSError:
-            pass
-        deadline = time.monotonic() + SENTINEL_WAIT_S
-        with self.cond:
-            while self.seen <= seen_before:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    # Reader did not catch up (should not happen); stop feeding this call's buffer.
-                    self.sink = None
-                    break
-                self.cond.wait(left)
-        return sink
 
 
 class Repl:
@@ -161,10 +45,10 @@ class Repl:
         self.proto_in = os.fdopen(os.dup(0), "rb", buffering=1 << 16)
         self.proto_out = os.dup(1)
         self.stdio_out = self.proto_out
-        self.channel, self.channel_error = "stdio", None
+        self.channel, self.channel_error = protocol.CHANNEL_STDIO, None
         os.register_at_fork(after_in_child=self._after_fork_in_child)
-        path = os.environ.pop("TITO_REPL_SOCKET", None)
-        token = os.environ.pop("TITO_REPL_TOKEN", "")  # user code must not see it
+        path = os.environ.pop(protocol.ENV_SOCKET, None)
+        token = os.environ.pop(protocol.ENV_TOKEN, "")  # user code must not see it
         if path:
             self._connect_socket(path, token)
 
@@ -197,7 +81,7 @@ class Repl:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(5)
             sock.connect(path)
-            sock.sendall((json.dumps({"type": "hello", "token": token}) + "\n").encode("ascii"))
+            sock.sendall(protocol.encode(protocol.Hello(token=token)))
             sock.settimeout(None)  # blocking again: the dup below shares the file status flags
         except OSError as exc:
             self.channel_error = "%s: %s" % (type(exc).__name__, exc)
@@ -207,7 +91,7 @@ class Repl:
         stdin = self.proto_in
         self.proto_in = os.fdopen(os.dup(fd), "rb", buffering=1 << 16)
         self.proto_out = fd
-        self.channel = "socket"
+        self.channel = protocol.CHANNEL_SOCKET
         # stdin stays the dead-man switch: EOF there means the host went away.
         threading.Thread(target=self._exit_on_eof, args=(stdin,), name="stdin-watch", daemon=True).start()
         self._stdin_watch = stdin
@@ -267,14 +151,14 @@ class Repl:
         if self.busy:
             raise TimeoutInterrupt
 
-    def send(self, obj, fd=None):
-        data = (json.dumps(obj, ensure_ascii=True) + "\n").encode("ascii")
+    def send(self, message, fd=None):
+        data = protocol.encode(message)
         try:
             while data:
                 n = os.write(self.proto_out if fd is None else fd, data)
                 data = data[n:]
         except OSError:
-            os._exit(70)  # the host is gone or the channel was broken: nothing left to serve
+            os._exit(protocol.EXIT_CHANNEL_BROKEN)  # the host is gone: nothing left to serve
 
     # -- one call ---------------------------------------------------------------------------------
 
@@ -319,10 +203,9 @@ class Repl:
         return "".join(te.format())
 
     def run(self, req):
-        code = req.get("code", "")
-        timeout = req.get("timeout")
-        cap = int(req.get("cap") or 65536)
-        value_cap = int(req.get("value_cap") or cap)
+        code, timeout = req.code, req.timeout
+        cap = req.cap or protocol.DEFAULT_CAP
+        value_cap = req.value_cap or cap
         value = error = None
         timed_out = False
         self.interrupted = False
@@ -373,34 +256,32 @@ class Repl:
             out = self.out.end(out_seen)
             err = self.err.end(err_seen)
 
-        if value is not None:
-            value, _ = self._cap_text(value, value_cap)
-        if error is not None:
-            error, _ = self._cap_text(error, value_cap)
-        return {
-            "type": "result",
-            "id": req.get("id"),
-            "stdout": out.text() if out else "",
-            "stderr": err.text() if err else "",
-            "stdout_truncated": bool(out and out.dropped),
-            "stderr_truncated": bool(err and err.dropped),
-            "stdout_dropped": out.dropped if out else 0,
-            "stderr_dropped": err.dropped if err else 0,
-            "value": value,
-            "error": error,
-            "timed_out": timed_out,
-            "interrupted": self.interrupted,
-            "duration_ms": (time.perf_counter() - t0) * 1000.0,
-        }
+        value, value_cut = self._cap_text(value, value_cap)
+        error, error_cut = self._cap_text(error, value_cap)
+        return protocol.ExecReply(
+            id=req.id,
+            stdout=out.text() if out else "",
+            stderr=err.text() if err else "",
+            stdout_truncated=bool(out and out.dropped),
+            stderr_truncated=bool(err and err.dropped),
+            stdout_dropped=out.dropped if out else 0,
+            stderr_dropped=err.dropped if err else 0,
+            value=value,
+            error=error,
+            value_truncated=value_cut or error_cut,
+            timed_out=timed_out,
+            interrupted=self.interrupted,
+            duration_ms=(time.perf_counter() - t0) * 1000.0,
+        )
 
     # -- main loop --------------------------------------------------------------------------------
 
     def serve(self):
-        self.send({"type": "ready", "pid": os.getpid(), "python": sys.version.split()[0],
-                   "channel": self.channel, "channel_error": self.channel_error}, fd=self.stdio_out)
+        self.send(protocol.Ready(pid=os.getpid(), python=sys.version.split()[0], channel=self.channel,
+                                 channel_error=self.channel_error), fd=self.stdio_out)
         while True:
             try:
-                line = self.proto_in.readline(MAX_REQUEST_BYTES)
+                line = self.proto_in.readline(protocol.MAX_REQUEST_BYTES)
             except KeyboardInterrupt:
                 continue
             if not line:
@@ -408,15 +289,12 @@ class Repl:
             if not line.strip():
                 continue
             try:
-                req = json.loads(line)
-                if req.get("op") == "ping":
-                    reply = {"type": "pong", "id": req.get("id")}
-                else:
-                    reply = self.run(req)
+                req = protocol.parse_request(protocol.decode(line))
+                reply = protocol.Pong(id=req.id) if isinstance(req, protocol.Ping) else self.run(req)
             except KeyboardInterrupt:
                 continue
             except BaseException as exc:  # noqa: BLE001 - a bad request must not kill the REPL
-                reply = {"type": "error", "id": None, "error": "bad request: %r" % (exc,)}
+                reply = protocol.ErrorReply(id=None, error="bad request: %r" % (exc,))
             self.send(reply)
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from env_server.sandbox import PoolConfig, Sandbox, SandboxConfig, SandboxPool
 from env_server.sandbox.config import BUILD_HINT, DEFAULT_IMAGE
+from env_server.sandbox.labels import selector
 from env_server.sandbox.socket_channel import remove_instance_dirs
 
 docker = pytest.importorskip("docker")
@@ -75,7 +76,7 @@ async def pool(docker_ok: None) -> AsyncIterator[SandboxPool]:
     p = SandboxPool(fast_config(), PoolConfig(target_size=2, max_concurrent_creates=2),
                     server_name=SERVER_NAME, instance_id=f"main-{uuid.uuid4().hex[:8]}")
     await p.start()
-    assert p.ready, p.not_ready_reason
+    assert p.ready, p.reason
     yield p
     await p.close()
 
@@ -111,6 +112,6 @@ async def make_sandbox(docker_client: Any, _executor: Any
         await sb.destroy()
 
 
-def containers_with(client: Any, **labels: str) -> list[dict[str, Any]]:
-    filters = {"label": [f"{k}={v}" for k, v in labels.items()]}
-    return client.api.containers(all=True, filters=filters)
+def containers_with(client: Any, **narrowed: str) -> list[dict[str, Any]]:
+    """tito's containers (any state), narrowed by server=, instance= or session= (labels.selector)."""
+    return client.api.containers(all=True, filters=selector(**narrowed))

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from env_server.sandbox import PoolConfig, SandboxConfig, SandboxPool, SandboxUnavailable
-from env_server.sandbox.docker_sandbox import LABEL_INSTANCE, LABEL_SERVER, LABEL_SESSION
+from env_server.sandbox.labels import LABEL_INSTANCE, LABEL_SERVER, LABEL_SESSION
 from env_server.sandbox.socket_channel import remove_instance_dirs
 
 from .conftest import SERVER_NAME, containers_with, fast_config
@@ -51,7 +51,7 @@ async def test_warm_acquire_is_fast_and_labelled_and_hardened(pool, docker_clien
     finally:
         await sb.destroy()
         await sb.destroy()  # idempotent
-    assert containers_with(docker_client, **{LABEL_SESSION: sb.session_id}) == []
+    assert containers_with(docker_client, session=sb.session_id) == []
 
 
 async def test_pool_refills_in_the_background(pool):
@@ -89,13 +89,13 @@ async def test_startup_sweep_removes_a_previous_instance(docker_client):
     # Abandon `old` as a crashed server would: stop its refill, never close it.
     old._refill_task.cancel()  # noqa: SLF001
     await asyncio.sleep(0.1)
-    old_ids = {c["Id"] for c in containers_with(docker_client, **{LABEL_SERVER: name})}
+    old_ids = {c["Id"] for c in containers_with(docker_client, server=name)}
     assert handed_out.container_id in old_ids and len(old_ids) >= 2
 
     new = SandboxPool(fast_config(), PoolConfig(target_size=1), server_name=name, instance_id="new")
     try:
         await new.start()
-        left = {c["Id"] for c in containers_with(docker_client, **{LABEL_SERVER: name})}
+        left = {c["Id"] for c in containers_with(docker_client, server=name)}
         assert not (left & old_ids), "the sweep left containers of the previous instance"
         r = await handed_out.execute("1")
         assert r.lost  # its container is gone; reported, not raised
@@ -103,7 +103,7 @@ async def test_startup_sweep_removes_a_previous_instance(docker_client):
     finally:
         await new.close()
         await old.close()
-    assert containers_with(docker_client, **{LABEL_SERVER: name}) == []
+    assert containers_with(docker_client, server=name) == []
 
 
 async def test_close_removes_everything_of_the_instance(docker_client):
@@ -113,9 +113,9 @@ async def test_close_removes_everything_of_the_instance(docker_client):
     await p.start()
     held = await p.acquire()
     await _wait_depth(p, 1)
-    assert len(containers_with(docker_client, **{LABEL_SERVER: name})) >= 2
+    assert len(containers_with(docker_client, server=name)) >= 2
     await p.close()
-    assert containers_with(docker_client, **{LABEL_SERVER: name}) == []
+    assert containers_with(docker_client, server=name) == []
     assert not held.alive or (await held.execute("1")).lost
     with pytest.raises(SandboxUnavailable):
         await p.acquire()
@@ -127,7 +127,7 @@ async def test_missing_image_is_not_ready_with_a_clear_message():
     await p.start()
     try:
         assert not p.ready
-        assert "not found" in p.not_ready_reason and "docker build" in p.not_ready_reason
+        assert "not found" in p.reason and "docker build" in p.reason
         with pytest.raises(SandboxUnavailable, match="docker build"):
             await p.acquire()
     finally:

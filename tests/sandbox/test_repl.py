@@ -95,6 +95,7 @@ async def test_output_is_capped_while_produced(sandbox):
     # A huge last-expression value is capped too.
     r = await sandbox.execute("'y' * 10_000_000")
     assert len(r.value) < sandbox.config.value_cap_chars + 100 and "truncated" in r.value
+    assert r.value_truncated and r.truncated and not r.stdout_truncated  # the second cap is reported too
 
 
 async def test_infinite_loop_times_out_and_keeps_state(sandbox):

@@ -1,0 +1,56 @@
+"""One container through docker-py's low-level API, in the spirit of its `Container` model.
+
+The low-level `APIClient` rather than `client.containers`: the high-level `create` ends with an
+extra inspect round trip (`self.get(id)`) per sandbox, and the attach stream must be taken
+before `start` so no output is missed. Every method blocks: call them in the pool's executor.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Any
+
+import docker
+import docker.errors
+
+
+class ContainerHandle:
+    def __init__(self, api: docker.APIClient, container_id: str) -> None:
+        self.api = api
+        self.id = container_id
+
+    @classmethod
+    def create(cls, api: docker.APIClient, **kwargs: Any) -> ContainerHandle:
+        return cls(api, api.create_container(**kwargs)["Id"])
+
+    def attach_socket(self) -> socket.socket:
+        """The container's stdin/stdout/stderr as a plain socket the caller owns."""
+        attached = self.api.attach_socket(self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        # Take the fd out of the SDK's hijacked-socket wrapper so nothing else can close it.
+        raw = getattr(attached, "_sock", attached)
+        if isinstance(raw, ssl.SSLSocket) or not isinstance(raw, socket.socket):
+            raise OSError(f"the attach stream is a {type(raw).__name__}; only unix-socket or plain-TCP Docker "
+                          "endpoints are supported (mount /var/run/docker.sock)")
+        return socket.socket(fileno=raw.detach())
+
+    def start(self) -> None:
+        self.api.start(self.id)
+
+    def signal(self, sig: str) -> None:
+        self.api.kill(self.id, signal=sig)
+
+    def wait(self, timeout_s: float) -> None:
+        """Until the container stops (raises on timeout)."""
+        self.api.wait(self.id, timeout=timeout_s)
+
+    def state(self) -> dict[str, Any]:
+        return self.api.inspect_container(self.id)["State"]
+
+    def remove(self) -> bool:
+        """Force-removes it; False if it was already gone."""
+        try:
+            self.api.remove_container(self.id, force=True)
+        except docker.errors.NotFound:
+            return False
+        return True
