@@ -44,22 +44,16 @@ class OpenRequest:
     client_request_id: str = ""  # idempotency key chosen by the client
 
 
+@dataclass
 class Engine:
-    def __init__(
-        self,
-        config: ServerConfig,
-        environments: dict[str, type[Environment]],
-        pool: SandboxPool,
-        tokenizers: TokenizerRegistry,
-        sessions: SessionRegistry,
-        metrics: ServerMetrics,
-    ) -> None:
-        self.config = config
-        self.environments = environments
-        self.pool = pool
-        self.tokenizers = tokenizers
-        self.sessions = sessions
-        self.metrics = metrics
+    config: ServerConfig
+    environments: dict[str, type[Environment]]
+    pool: SandboxPool
+    tokenizers: TokenizerRegistry
+    sessions: SessionRegistry
+    metrics: ServerMetrics
+
+    def __post_init__(self) -> None:
         self._openings: OnceByKey[str, OpenedSession] = OnceByKey(_REMEMBERED_OPENINGS, name="open")
 
     def list_environments(self) -> list[EnvironmentInfo]:

@@ -25,21 +25,12 @@ def test_stubs_match_the_proto(tmp_path):
 def test_fixed_names_of_the_contract():
     from tito.v1 import environment_pb2 as pb
 
+    from tito.conformance import FIXED_FIELDS, FIXED_METHODS
+
     service = pb.DESCRIPTOR.services_by_name["Environment"]
     assert service.full_name == "tito.v1.Environment"
-    assert {m.name for m in service.methods} >= {
-        "ListEnvironments", "RegisterTokenizer", "OpenSession", "Step", "CloseSession"}
-    fields = {
-        "ToolCall": {"id", "name", "arguments"},
-        "Message": {"role", "content", "name", "tool_call_id"},
-        "RegisterTokenizerRequest": {"files"},
-        "RegisterTokenizerResponse": {"fingerprint"},
-        "OpenSessionRequest": {"environment", "tokenizer_fingerprint", "messages", "env_args"},
-        "OpenSessionResponse": {"session_id", "prompt_ids", "tools"},
-        "StepRequest": {"session_id", "seq", "completion_ids", "tool_calls", "max_suffix_tokens"},
-        "StepResponse": {"tool_messages", "suffix_ids", "done", "reward", "truncated"},
-        "CloseSessionRequest": {"session_id"},
-    }
+    assert {m.name for m in service.methods} >= FIXED_METHODS
+    fields = FIXED_FIELDS
     for message, names in fields.items():
         have = set(pb.DESCRIPTOR.message_types_by_name[message].fields_by_name)
         assert names <= have, (message, names - have)

@@ -13,7 +13,6 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import pytest
 
 from env_server.sandbox import PoolConfig, Sandbox, SandboxConfig, SandboxPool
-from env_server.sandbox.config import BUILD_HINT, DEFAULT_IMAGE
 from env_server.sandbox.labels import selector
 from env_server.sandbox.socket_channel import remove_instance_dirs
 
@@ -27,28 +26,6 @@ def fast_config(**overrides: Any) -> SandboxConfig:
     base: dict[str, Any] = dict(exec_timeout_s=10.0, interrupt_grace_s=0.5, kill_grace_s=1.0)
     base.update(overrides)
     return SandboxConfig(**base)
-
-
-def _docker_problem() -> str | None:
-    try:
-        client = docker.from_env(timeout=10)
-        client.ping()
-    except Exception as exc:  # noqa: BLE001
-        return f"Docker daemon unreachable: {exc}"
-    try:
-        client.api.inspect_image(DEFAULT_IMAGE)
-    except docker.errors.ImageNotFound:
-        return f"sandbox image {DEFAULT_IMAGE} missing; {BUILD_HINT}"
-    finally:
-        client.close()
-    return None
-
-
-@pytest.fixture(scope="session")
-def docker_ok() -> None:
-    problem = _docker_problem()
-    if problem:
-        pytest.skip(problem)
 
 
 @pytest.fixture(scope="session")
