@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--health-port", type=int, help="also serve plaintext grpc.health.v1 alone on this port")
     parser.add_argument("--allow-insecure", action="store_true", default=None,
                         help="listen on a non-loopback host without TLS and auth (only behind another guard)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="remove the sandbox containers and socket folders that servers of this --server-name "
+                        "left behind (e.g. after a SIGKILL), then exit without serving")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"])
     args = parser.parse_args(argv)
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     setup_logging(config.log_level, config.log_format)
+    if args.sweep:
+        return sweep(config)
 
     from env_server.environments.loader import EnvironmentLoadError
     from env_server.server import EnvServer
@@ -78,6 +83,22 @@ def _given(**values: str | None) -> dict[str, str] | None:
     """The flags of one nested section that were given (None when none was)."""
     given = {k: v for k, v in values.items() if v is not None}
     return given or None
+
+
+def sweep(config) -> int:
+    """`--sweep`: what a killed server of this name left, removed without starting a server."""
+    import docker
+
+    from env_server.sandbox.pool import sweep_leftovers
+
+    try:
+        client = docker.from_env(timeout=60)
+        removed = sweep_leftovers(client, config.server_name, config.sandbox.socket_dir)
+    except (docker.errors.DockerException, OSError) as e:
+        print(f"error: cannot reach the Docker daemon to sweep: {e}", file=sys.stderr)
+        return 1
+    print(f"removed {removed} sandbox container(s) of server {config.server_name!r}")
+    return 0
 
 
 def run_event_loop(main, choice: str) -> None:

@@ -36,6 +36,22 @@ class SandboxUnavailable(SandboxError):
     """No sandbox can be made: the daemon is unreachable, the image is missing, or the pool is closed."""
 
 
+def sweep_leftovers(client: docker.DockerClient, server_name: str, socket_dir: str,
+                    keep_instance: str | None = None) -> int:
+    """Force-removes the containers and socket folders of `server_name` (but `keep_instance`'s).
+    Blocking. Returns how many containers were removed."""
+    removed = 0
+    for c in client.api.containers(all=True, filters=selector(server=server_name)):
+        if keep_instance is not None and (c.get("Labels") or {}).get(LABEL_INSTANCE) == keep_instance:
+            continue
+        try:
+            removed += ContainerHandle(client.api, c["Id"]).remove()
+        except docker.errors.APIError as exc:
+            log.warning("sweep: could not remove %s: %s", c["Id"][:12], exc)
+    remove_instance_dirs(socket_dir, server_name, keep=keep_instance)
+    return removed
+
+
 class PoolState(enum.Enum):
     NOT_STARTED = "not started"
     READY = "ready"
@@ -162,21 +178,9 @@ class SandboxPool:
         assert self._client is not None
         client = self._client
 
-        def do_sweep() -> int:
-            removed = 0
-            for c in client.api.containers(all=True, filters=selector(server=self.server_name)):
-                if (c.get("Labels") or {}).get(LABEL_INSTANCE) == self.instance_id:
-                    continue
-                try:
-                    removed += ContainerHandle(client.api, c["Id"]).remove()
-                except docker.errors.APIError as exc:
-                    log.warning("sweep: could not remove %s: %s", c["Id"][:12], exc)
-            return removed
-
         try:
-            removed = await self._run(do_sweep)
-            await self._run(remove_instance_dirs, self.sandbox_config.socket_dir, self.server_name,
-                            keep=self.instance_id)
+            removed = await self._run(sweep_leftovers, client, self.server_name, self.sandbox_config.socket_dir,
+                                      keep_instance=self.instance_id)
         except (docker.errors.DockerException, OSError) as exc:
             log.warning("sweep of leftover sandboxes failed: %s", exc)
             return 0

@@ -154,6 +154,18 @@ def test_sigkilled_server_is_swept_on_restart(docker_ok, tmp_path):
     assert containers_of(first.server_name) == []
 
 
+def test_sweep_command_removes_what_a_killed_server_left(docker_ok, tmp_path):
+    killed = start_server(tmp_path)
+    killed.stub().OpenSession(pb.OpenSessionRequest(environment="python"))
+    assert containers_of(killed.server_name)
+    killed.kill()  # SIGKILL: no cleanup runs
+    done = subprocess.run([sys.executable, "-m", "env_server", "--sweep", "--server-name", killed.server_name],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"of server {killed.server_name!r}" in done.stdout
+    assert containers_of(killed.server_name) == []
+
+
 def test_graceful_shutdown_removes_everything(docker_ok, tmp_path):
     srv = start_server(tmp_path)
     stub = srv.stub()
