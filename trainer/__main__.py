@@ -1,4 +1,8 @@
-"""`python -m trainer --config examples/demo.yaml [--output-dir DIR] [--env-address HOST:PORT]`"""
+"""`python -m trainer --config examples/demo.yaml [--output-dir DIR] [--env-address HOST:PORT]`
+
+Several processes: `torchrun --nproc-per-node N -m trainer --config ...` or
+`accelerate launch --num_processes N -m trainer --config ...` (data parallel; see docs/trainer.md).
+"""
 
 from __future__ import annotations
 
@@ -28,7 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="YAML config file (see examples/demo.yaml)")
     p.add_argument("--output-dir", help="metrics.jsonl, metrics.png, checkpoint/ go here")
     p.add_argument("--env-address", help="env server HOST:PORT")
-    p.add_argument("--steps", type=int, help="optimizer steps")
+    p.add_argument("--steps", type=int, help="optimizer steps (in all, counting those before a resume)")
+    p.add_argument("--resume", metavar="DIR", help="continue from a checkpoint, or from a run folder's latest")
+    p.add_argument("--report-to", metavar="NAMES", help="trackers: tensorboard, trackio (comma-separated), "
+                   "all or none")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set budget.context=512 (repeatable)")
     p.add_argument("--log-level", default="WARNING")
@@ -36,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(a.config, a.set, {"output_dir": a.output_dir, "env.address": a.env_address,
-                                            "steps": a.steps})
+                                            "steps": a.steps, "resume_from": a.resume, "report_to": a.report_to})
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
@@ -51,7 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     except WarmStartError as e:
         print(f"warm start failed: {e}", file=sys.stderr)
         return 1
-    last = history[-1] if history else {}
+    except ImportError as e:  # an optional part the config asks for (vLLM, a tracker), with what to install
+        print(f"missing dependency: {e}", file=sys.stderr)
+        return 1
+    if not history:  # ranks other than 0 report nothing; so does a resume with no steps left
+        return 0
+    last = history[-1]
     keys = ("step", "reward_mean", "reward_std", "truncated_frac", "aborted_frac", "tool_calls_mean")
     if cfg.warm_start.steps > 0:
         warm = Path(cfg.output_dir) / "warmstart.jsonl"

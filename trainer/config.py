@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -71,6 +71,10 @@ class VllmSettings(_Strict):
     enforce_eager: bool = True
     logprobs_mode: str = Field("processed_logprobs",
                                description="Logprobs after temperature, i.e. of the sampling distribution.")
+    sleep_level: Literal[0, 1, 2] = Field(
+        0, description="vLLM sleep mode while the policy trains: 0 off; 1 offloads the engine's weights to "
+        "CPU and frees its KV cache; 2 frees both (the weights come back from the training model).")
+    max_num_seqs: int | None = Field(None, ge=1, description="vLLM's cap on concurrent sequences.")
 
 
 class WarmStartConfig(_Strict):
@@ -105,9 +109,35 @@ class TrainConfig(_Strict):
     seed: int = 0
     retries: int = Field(1, ge=0, description="Re-runs of an aborted rollout before it is dropped.")
     gen_batch_wait_s: float = Field(0.02, ge=0, description="Wait this long to batch generation.")
+    seed_per_request: bool = Field(
+        True, description="Seed each generation from (seed, step, prompt group, member, attempt, turn), so "
+        "samples depend neither on how requests were batched nor on the rank: runs repeat and resume exactly.")
     output_dir: str = "runs/demo"
-    save_checkpoint: bool = True
+    save_checkpoint: bool = Field(True, description="Checkpoint at the end (and every save_steps).")
+    save_steps: int = Field(0, ge=0, description="Also checkpoint every this many steps; 0 = only at the end.")
+    save_total_limit: int = Field(1, ge=1, description="Step checkpoints kept (the oldest are deleted).")
+    resume_from: str | None = Field(None, description="A checkpoint folder, or a run folder (its latest "
+                                    "checkpoint): continue from there.")
+    report_to: list[Literal["tensorboard", "trackio"]] = Field(
+        default_factory=list, description="Trackers besides metrics.jsonl and metrics.png, as TRL's "
+        "report_to: 'tensorboard', 'trackio', a list of them, 'all' or 'none'.")
+    run_name: str | None = Field(None, description="The run's name in trackers (default: output_dir's name).")
+    tracker_project: str = Field("tito", description="trackio project.")
+    ddp_timeout_s: float = Field(1800.0, gt=0, description="Collective timeout between ranks (a warm start "
+                                 "runs on rank 0 while the others wait).")
     progress: bool = True
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, v: Any) -> Any:
+        # TRL accepts a name, a list, "all" or "none".
+        if v is None or v == "none":
+            return []
+        if v == "all":
+            return ["tensorboard", "trackio"]
+        if isinstance(v, str):
+            return [x.strip() for x in v.split(",") if x.strip() and x.strip() != "none"]
+        return v
 
 
 class ConfigError(ValueError):

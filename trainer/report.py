@@ -1,12 +1,14 @@
-"""What a run writes: its output folder, JSONL lines, the rollout metrics of a step, plots and the
-progress bar."""
+"""What a run writes: its output folder, JSONL lines, the metrics of a step (over every rank's
+rollouts), plots and the progress bar."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +19,29 @@ from trainer.rollout import BatchStats
 from trainer.state import Rollout, Status, TruncationCause
 
 
-def start_outputs(cfg: TrainConfig) -> Path:
-    """The output folder with the run's config.yaml and empty metrics.jsonl and rollouts.jsonl."""
+def start_outputs(cfg: TrainConfig, main: bool = True) -> Path:
+    """The output folder with the run's config.yaml and empty metrics.jsonl and rollouts.jsonl
+    (written by rank 0; a resumed run keeps its files, see `rewind_outputs`)."""
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
-    (out / "metrics.jsonl").write_text("")
-    (out / "rollouts.jsonl").write_text("")
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
+        if not cfg.resume_from:
+            (out / "metrics.jsonl").write_text("")
+            (out / "rollouts.jsonl").write_text("")
     return out
+
+
+def rewind_outputs(out: Path, history: list[dict[str, Any]], step: int) -> None:
+    """A resumed run continues its files from the checkpoint's step: metrics.jsonl is the
+    checkpoint's history, rollouts.jsonl loses the lines of steps after it (a killed run may have
+    written past its last checkpoint)."""
+    (out / "metrics.jsonl").write_text("")
+    append_jsonl(out / "metrics.jsonl", history)
+    path = out / "rollouts.jsonl"
+    kept = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= step] \
+        if path.exists() else []
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -35,9 +52,55 @@ def append_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
                                 for k, v in row.items()}) + "\n")
 
 
-def rollout_metrics(rollouts: list[Rollout], stats: BatchStats) -> dict[str, Any]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def rollout_record(r: Rollout, rank: int) -> dict[str, Any]:
+    """A rollout's line in rollouts.jsonl: its summary, the rank that ran it, and a digest of its
+    ids (equal digests: the same tokens, e.g. across a resumed and an uninterrupted run)."""
+    digest = hashlib.sha1(json.dumps([r.ids, r.mask]).encode()).hexdigest()[:16]
+    return {"rank": rank, **r.summary(), "ids_sha1": digest}
+
+
+@dataclass
+class StepPart:
+    """One rank's share of a step, gathered on rank 0 for the metrics line."""
+
+    rollouts: list[dict[str, Any]]  # rollout_record() of each kept rollout
+    stats: BatchStats
+    loss: float = 0.0  # this rank's part of the whole batch's loss (the parts add up)
+    micro_batches: int = 0
+    loss_stats: dict[str, float] = field(default_factory=dict)  # summed over micro-batches
+    adv_abs_sum: float = 0.0
+
+
+def step_metrics(step: int, parts: list[StepPart], grad_norm: float | None, rollout_time_s: float,
+                 train_time_s: float) -> dict[str, Any]:
+    """The metrics line of a step, over every rank's rollouts."""
+    rows = [r for p in parts for r in p.rollouts]
+    stats = BatchStats(attempts=sum(p.stats.attempts for p in parts),
+                       aborted_attempts=sum(p.stats.aborted_attempts for p in parts),
+                       dropped=sum(p.stats.dropped for p in parts))
+    m: dict[str, Any] = {"step": step, **rollout_metrics(rows, stats), "loss": float("nan")}
+    micro = sum(p.micro_batches for p in parts)
+    if grad_norm is not None:
+        m.update(loss=sum(p.loss for p in parts), grad_norm=grad_norm,
+                 adv_abs_mean=sum(p.adv_abs_sum for p in parts) / max(len(rows), 1))
+        keys = {k for p in parts for k in p.loss_stats}
+        m.update({k: sum(p.loss_stats.get(k, 0.0) for p in parts) / max(micro, 1) for k in sorted(keys)})
+    m.update(tokens_per_s=sum(r["generated"] for r in rows) / rollout_time_s if rollout_time_s > 0 else 0.0,
+             rollout_time_s=rollout_time_s, train_time_s=train_time_s,
+             step_time_s=rollout_time_s + train_time_s)
+    if len(parts) > 1:
+        m["ranks"] = len(parts)
+    return m
+
+
+def rollout_metrics(rollouts: list[dict[str, Any]], stats: BatchStats) -> dict[str, Any]:
+    """Metrics over rollout records (`rollout_record`)."""
     n = len(rollouts)
-    rewards = [r.reward for r in rollouts if r.reward is not None]
+    rewards = [r["reward"] for r in rollouts if r["reward"] is not None]
 
     def frac(pred) -> float:
         return sum(1 for r in rollouts if pred(r)) / n if n else float("nan")
@@ -50,30 +113,30 @@ def rollout_metrics(rollouts: list[Rollout], stats: BatchStats) -> dict[str, Any
         "rollouts": n,
         "reward_mean": mean(rewards),
         "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        "completed_frac": frac(lambda r: r.status is Status.COMPLETED),
-        "truncated_frac": frac(lambda r: r.status is Status.TRUNCATED),
-        "truncated_length_frac": frac(lambda r: r.truncation is TruncationCause.LENGTH),
-        "truncated_tool_overflow_frac": frac(lambda r: r.truncation is TruncationCause.TOOL_OVERFLOW),
-        "truncated_max_turns_frac": frac(lambda r: r.truncation is TruncationCause.MAX_TURNS),
+        "completed_frac": frac(lambda r: r["status"] == Status.COMPLETED.value),
+        "truncated_frac": frac(lambda r: r["status"] == Status.TRUNCATED.value),
+        "truncated_length_frac": frac(lambda r: r["truncation"] == TruncationCause.LENGTH.value),
+        "truncated_tool_overflow_frac": frac(lambda r: r["truncation"] == TruncationCause.TOOL_OVERFLOW.value),
+        "truncated_max_turns_frac": frac(lambda r: r["truncation"] == TruncationCause.MAX_TURNS.value),
         # Share of rollout attempts that aborted (env failure, missing logprobs, ...).
         "aborted_frac": stats.aborted_attempts / stats.attempts if stats.attempts else 0.0,
         "dropped": stats.dropped,
-        "tool_calls_mean": mean(r.tool_calls for r in rollouts),
-        "turns_mean": mean(len(r.turns) for r in rollouts),
-        "gen_tokens_mean": mean(r.num_generated for r in rollouts),
-        "len_mean": mean(len(r.ids) for r in rollouts),
+        "tool_calls_mean": mean(r["tool_calls"] for r in rollouts),
+        "turns_mean": mean(r["turns"] for r in rollouts),
+        "gen_tokens_mean": mean(r["generated"] for r in rollouts),
+        "len_mean": mean(r["len"] for r in rollouts),
     }
 
 
 class ProgressBar:
     """A tqdm bar when enabled, else nothing; `advance(**postfix)` after each step."""
 
-    def __init__(self, enabled: bool, total: int, desc: str) -> None:
+    def __init__(self, enabled: bool, total: int, desc: str, initial: int = 0) -> None:
         self._bar = None
         if enabled:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, unit="step")
+            self._bar = tqdm(total=total, desc=desc, unit="step", initial=initial)
 
     def advance(self, **postfix: str) -> None:
         if self._bar is not None:

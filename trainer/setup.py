@@ -1,8 +1,9 @@
 """Assembly: from a config to the one `Run` the training loop works with.
 
-Tokenizer files (read locally, uploaded to the server, never used to render), the policy model,
-the task, the env connection (health, environment check, tokenizer registration and fingerprint
-check) and the generation backend.
+The process group (when launched by torchrun / accelerate), tokenizer files (read locally,
+uploaded to the server, never used to render), the policy model, the task, the env connection
+(health, environment check, tokenizer registration and fingerprint check; one per rank) and the
+generation backend.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainer import distributed
 from trainer.backends.base import GenerationBackend
 from trainer.config import TrainConfig
+from trainer.distributed import Dist
 from trainer.env_client import EnvClient, TitoEnv
 from trainer.model import load_model
 from trainer.tasks import Decode, Encode, Task, make_task
@@ -39,15 +42,19 @@ class Run:
     device: torch.device | None = None  # default: the model's
     decode: Decode | None = None  # ids -> text, only to score tasks the env does not score
     encode_teacher_text: Encode | None = None  # warm-start demonstrations only
+    dist: Dist = field(default_factory=Dist)  # this process's rank (a single process by default)
 
     def __post_init__(self) -> None:
         if self.device is None:
             self.device = next(self.model.parameters()).device
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, dist: Dist | None = None) -> torch.device:
+    """'auto' is cuda when there is one; with several ranks 'cuda' is each rank's own GPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and dist is not None and dist.enabled:
+        return torch.device("cuda", dist.local_rank)
     return torch.device(name)
 
 
@@ -96,15 +103,16 @@ class TokenizerInfo:
         return self._tok.encode(text, add_special_tokens=False).ids
 
 
-def make_backend(cfg: TrainConfig, model, tok: TokenizerInfo) -> GenerationBackend:
+def make_backend(cfg: TrainConfig, model, tok: TokenizerInfo, rank: int = 0) -> GenerationBackend:
     vocab = model.get_input_embeddings().weight.shape[0]
+    # Ranks sample differently even from requests without their own seed.
     if cfg.backend == "transformers":
         from trainer.backends.hf import TransformersBackend
 
-        return TransformersBackend(model, seed=cfg.seed, pad_token_id=min(tok.pad_id, vocab - 1))
+        return TransformersBackend(model, seed=cfg.seed + rank, pad_token_id=min(tok.pad_id, vocab - 1))
     from trainer.backends.vllm_backend import VllmBackend
 
-    return VllmBackend.from_training_model(model, cfg, seed=cfg.seed)
+    return VllmBackend.from_training_model(model, cfg, seed=cfg.seed + rank)
 
 
 async def connect_env(cfg: TrainConfig, tok: TokenizerInfo) -> TitoEnv:
@@ -121,9 +129,25 @@ async def connect_env(cfg: TrainConfig, tok: TokenizerInfo) -> TitoEnv:
 
 @asynccontextmanager
 async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
-    """The Run for `cfg`; the env connection is closed when the block ends."""
+    """The Run for `cfg`; the env connection (and the process group) is closed when the block ends."""
+    if cfg.backend == "vllm":
+        from trainer.backends.vllm_backend import INSTALL_HINT, require_vllm
+
+        require_vllm()  # before anything is loaded
+        if resolve_device(cfg.model.device).type != "cuda":
+            raise ValueError(f"model.device={cfg.model.device!r}: {INSTALL_HINT}")
+    dist = distributed.init(cfg.model.device, cfg.ddp_timeout_s)
+    try:
+        async with _open_run(cfg, dist) as run:
+            yield run
+    finally:
+        distributed.shutdown(dist)
+
+
+@asynccontextmanager
+async def _open_run(cfg: TrainConfig, dist: Dist) -> AsyncIterator[Run]:
     torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.model.device)
+    device = resolve_device(cfg.model.device, dist)
     tok = TokenizerInfo.load(cfg)
     vocab = cfg.model.vocab_size or tok.vocab_size
     model = load_model(cfg.model.path, vocab_size=vocab, seed=cfg.seed, device=str(device),
@@ -138,9 +162,9 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
         env = await connect_env(cfg, tok)
         stop_ids = env.stop_token_ids
     try:
-        yield Run(model=model, backend=make_backend(cfg, model, tok), task=task, env=env,
+        yield Run(model=model, backend=make_backend(cfg, model, tok, dist.rank), task=task, env=env,
                   stop_token_ids=stop_ids, pad_id=tok.pad_id if tok.pad_id < vocab else 0,
-                  device=device, decode=tok.decode, encode_teacher_text=tok.encode_teacher_text)
+                  device=device, decode=tok.decode, encode_teacher_text=tok.encode_teacher_text, dist=dist)
     finally:
         if env is not None:
             await env.close()

@@ -1,7 +1,9 @@
 """The GRPO training loop, top to bottom: rollouts, rewards, advantages, loss, step, metrics.
 
 `setup.open_run` assembles what it works with; the rollout loop (`rollout.py`), the GRPO math
-(`grpo.py`), the warm start (`warmstart.py`) and the outputs (`report.py`) are the pieces it calls.
+(`grpo.py`), the warm start (`warmstart.py`), the outputs (`report.py`, `trackers.py`), the ranks
+(`distributed.py`) and checkpoints (`checkpoint.py`) are the pieces it calls. With several
+processes every rank runs this same loop on its share of the prompts.
 """
 
 from __future__ import annotations
@@ -14,85 +16,101 @@ from typing import Any
 
 import torch
 
-from trainer import report
+from trainer import checkpoint, report
+from trainer.backends.seeding import StepSeeds
 from trainer.config import TrainConfig
 from trainer.grpo import LossConfig, group_advantages, grpo_loss
 from trainer.model import RolloutBatch, collate, target_logprobs
 from trainer.rollout import RolloutLimits, run_rollouts
 from trainer.setup import Run
+from trainer.trackers import Trackers
 from trainer.warmstart import run_warm_start
 
 log = logging.getLogger(__name__)
 
 
 async def train(run: Run, cfg: TrainConfig) -> list[dict[str, Any]]:
-    """The warm start (if configured), then `cfg.steps` GRPO steps; returns each step's metrics."""
-    out = report.start_outputs(cfg)
+    """The warm start (if configured) or the checkpoint to resume from, then GRPO steps up to
+    `cfg.steps`; returns each step's metrics (on rank 0; other ranks return an empty list)."""
+    dist = run.dist
+    out = report.start_outputs(cfg, dist.is_main)
     limits = RolloutLimits.from_config(cfg)
-    if cfg.warm_start.steps > 0:
+    # 0. the policy GRPO starts from: warm-started (on rank 0), or restored from a checkpoint
+    warm = cfg.warm_start.steps > 0 and not cfg.resume_from
+    if warm and dist.is_main:
         await run_warm_start(run, cfg, limits, out)
+    dist.broadcast_model(run.model, run.backend)  # every rank starts from rank 0's weights
     # The KL reference is the policy GRPO starts from (the warm-started one, if any).
     ref_model = copy.deepcopy(run.model).eval().requires_grad_(False) if cfg.loss.beta > 0 else None
     optimizer = torch.optim.AdamW(run.model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    history: list[dict[str, Any]] = []
-    with report.ProgressBar(cfg.progress, cfg.steps, "grpo") as bar:
-        for step in range(1, cfg.steps + 1):
+    done, history = checkpoint.restore(cfg.resume_from, run, optimizer, ref_model, out) \
+        if cfg.resume_from else (0, [])
+    with Trackers(cfg, out, start_step=done + 1, warm_start=warm, enabled=dist.is_main) as trackers, \
+            report.ProgressBar(cfg.progress and dist.is_main, cfg.steps, "grpo", initial=done) as bar:
+        for step in range(done + 1, cfg.steps + 1):
             t0 = time.perf_counter()
-            # 1. rollouts through the env: each prompt num_generations times, all concurrently
-            prompts = run.task.sample(cfg.prompts_per_step, step)
+            # 1. rollouts through the env: this rank's share of the prompts, each num_generations
+            # times, all concurrently (seeded per request: samples depend neither on the batching
+            # nor on the rank)
+            prompts = dist.shard(run.task.sample(cfg.prompts_per_step, step))
             specs = [s for s in prompts for _ in range(cfg.num_generations)]
-            rollouts, stats = await run_rollouts(specs, run.backend, run.env, cfg.env.environment, limits,
+            backend = StepSeeds(run.backend, seed=cfg.seed, step=step, specs=specs) \
+                if cfg.seed_per_request else run.backend
+            rollouts, stats = await run_rollouts(specs, backend, run.env, cfg.env.environment, limits,
                                                  run.stop_token_ids, gen_batch_wait_s=cfg.gen_batch_wait_s)
             # 2. rewards
             for r in rollouts:
                 r.reward = float(run.task.reward(r, run.decode))
             t1 = time.perf_counter()
-            update: dict[str, float] = {"loss": float("nan")}
-            if not rollouts:
-                log.error("step %d: every rollout was dropped (%s)", step,
-                          sorted(set(stats.abort_reasons))[:3])
+            part = report.StepPart([report.rollout_record(r, dist.rank) for r in rollouts], stats)
+            # The whole batch (every rank's) sets the loss normalisers and whether to update at all.
+            total_rollouts, total_tokens = (int(x) for x in dist.sum(len(rollouts),
+                                                                     sum(r.num_generated for r in rollouts)))
+            grad_norm = None
+            if total_rollouts == 0:
+                log.error("step %d: every rollout was dropped (%s)", step, sorted(set(stats.abort_reasons))[:3])
             else:
-                # 3. group advantages
+                run.backend.release_memory()  # a colocated vLLM sleeps while the policy trains
+                # 3. group advantages (a group's rollouts are all on one rank)
                 adv = group_advantages(torch.tensor([r.reward for r in rollouts], dtype=torch.float),
-                                       torch.tensor([r.group for r in rollouts]),
+                                       torch.tensor([r.group for r in rollouts], dtype=torch.long),
                                        scale_by_std=cfg.loss.scale_rewards)
+                part.adv_abs_sum = float(adv.abs().sum())
                 # 4. clipped loss over micro-batches; gradients accumulate with the whole batch's
                 # normalisers, so they equal one big batch's
                 run.model.train()
                 optimizer.zero_grad(set_to_none=True)
-                total_tokens = sum(r.num_generated for r in rollouts)
-                loss_sum, stat_sums, micro_batches = 0.0, {}, 0
                 for i in range(0, len(rollouts), cfg.micro_batch_size):
                     chunk = rollouts[i : i + cfg.micro_batch_size]
                     batch = collate(chunk, adv[i : i + len(chunk)], run.pad_id, run.device)
                     if int(batch.mask.sum()) > 0:
                         # Off the event loop thread: a backward pass of a real model takes long.
                         loss, st = await asyncio.to_thread(micro_batch_backward, run.model, ref_model, batch,
-                                                           cfg, len(rollouts), total_tokens)
-                        loss_sum, micro_batches = loss_sum + loss, micro_batches + 1
-                        stat_sums = {k: stat_sums.get(k, 0.0) + v for k, v in st.items()}
-                # 5. optimizer step and weight sync: the generator must sample from the updated policy
+                                                           cfg, total_rollouts, total_tokens)
+                        part.loss, part.micro_batches = part.loss + loss, part.micro_batches + 1
+                        part.loss_stats = {k: part.loss_stats.get(k, 0.0) + v for k, v in st.items()}
+                # 5. gradients summed over the ranks, optimizer step, weight sync: the generator
+                # must sample from the updated policy
+                dist.all_reduce_grads(run.model)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm))
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 await asyncio.to_thread(run.backend.sync_weights, run.model)
-                update = {"loss": loss_sum, "grad_norm": grad_norm, "adv_abs_mean": float(adv.abs().mean()),
-                          **{k: v / micro_batches for k, v in stat_sums.items()}}
-            # 6. metrics line, rollout summaries, progress bar
-            t2 = time.perf_counter()
-            m = {"step": step, **report.rollout_metrics(rollouts, stats), **update,
-                 "tokens_per_s": sum(r.num_generated for r in rollouts) / (t1 - t0) if t1 > t0 else 0.0,
-                 "rollout_time_s": t1 - t0, "train_time_s": t2 - t1, "step_time_s": t2 - t0}
-            history.append(m)
-            report.append_jsonl(out / "rollouts.jsonl", ({"step": step, **r.summary()} for r in rollouts))
-            report.append_jsonl(out / "metrics.jsonl", [m])
-            bar.advance(reward=f"{m['reward_mean']:.3f}", trunc=f"{m['truncated_frac']:.2f}",
-                        tools=f"{m['tool_calls_mean']:.1f}", s=f"{m['step_time_s']:.1f}")
+            # 6. metrics line over every rank's rollouts (rank 0 writes), checkpoint
+            parts = dist.gather(part)
+            if dist.is_main:
+                m = report.step_metrics(step, parts, grad_norm, t1 - t0, time.perf_counter() - t1)
+                history.append(m)
+                report.append_jsonl(out / "rollouts.jsonl", ({"step": step, **r} for p in parts for r in p.rollouts))
+                report.append_jsonl(out / "metrics.jsonl", [m])
+                trackers.log(m, step)
+                bar.advance(reward=f"{m['reward_mean']:.3f}", trunc=f"{m['truncated_frac']:.2f}",
+                            tools=f"{m['tool_calls_mean']:.1f}", s=f"{m['step_time_s']:.1f}")
+            if checkpoint.due(step, cfg):
+                checkpoint.save(out, step, run, optimizer, ref_model, cfg, history)
+    if not dist.is_main:
+        return []
     report.plot_metrics(history, out / "metrics.png")
-    if cfg.save_checkpoint:
-        (out / "checkpoint").mkdir(parents=True, exist_ok=True)
-        run.model.save_pretrained(out / "checkpoint")
-        torch.save(optimizer.state_dict(), out / "checkpoint" / "optimizer.pt")
     return history
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer.backends.base import FinishReason, GenRequest
-from trainer.backends.vllm_helpers import (extract_logprobs, extract_result, sampling_params_kwargs,
+from trainer.backends.vllm_helpers import (extract_logprobs, extract_result, launcher_env, sampling_params_kwargs,
                                            token_prompt, vllm_weight_name, weights_for_vllm)
 
 
@@ -29,16 +29,27 @@ REQ = GenRequest(prompt_ids=[1, 2, 3], max_new=4, stop_token_ids=(151645, 151643
 
 
 def test_sampling_params_stop_on_ids_only():
-    kw = sampling_params_kwargs(REQ, seed=3)
+    kw = sampling_params_kwargs(REQ)
     assert kw["max_tokens"] == 4
     assert kw["stop_token_ids"] == [151645, 151643]
     assert kw["ignore_eos"] is True and "stop" not in kw  # no stop strings, no implicit EOS
-    assert kw["logprobs"] == 0 and kw["temperature"] == 0.7 and kw["seed"] == 3
+    assert kw["logprobs"] == 0 and kw["temperature"] == 0.7
     assert kw["detokenize"] is False
+    # Only a request's own seed: one shared seed would give a GRPO group identical completions.
+    assert "seed" not in kw
+    assert sampling_params_kwargs(GenRequest([1], 3, (2,), seed=11))["seed"] == 11
     with pytest.raises(ValueError):
         sampling_params_kwargs(GenRequest([1], 0, (2,)))
     with pytest.raises(ValueError):
         sampling_params_kwargs(GenRequest([1], 3, ()))
+
+
+def test_launcher_env_fills_only_what_the_launcher_left_out():
+    single = launcher_env({}, free_port=4242)
+    assert single == {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                      "MASTER_PORT": "4242", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    torchrun = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}
+    assert launcher_env(torchrun, free_port=1) == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def test_token_prompt():

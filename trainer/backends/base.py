@@ -36,7 +36,7 @@ class GenRequest:
     max_new: int
     stop_token_ids: tuple[int, ...]
     temperature: float = 1.0
-    seed: int | None = None
+    seed: int | None = None  # this request's own sampling seed (see backends/seeding.py)
     # Which rollout and turn asked (for scripted policies, logging); backends may ignore it.
     key: RolloutKey | None = None
     turn: int = 0
@@ -59,4 +59,9 @@ class GenerationBackend(Protocol):
 
     def sync_weights(self, model) -> None:
         """Make the next generate() use the training model's current weights."""
+        ...
+
+    def release_memory(self) -> None:
+        """Generation is over until the next sync_weights(): give back memory the training step
+        needs (a colocated vLLM sleeps). A no-op for backends that share the training model."""
         ...

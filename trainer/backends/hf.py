@@ -17,17 +17,23 @@ from trainer.backends.base import FinishReason, GenRequest, GenResult
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperatures: torch.Tensor, generator: torch.Generator | None
+    logits: torch.Tensor, temperatures: torch.Tensor,
+    generator: torch.Generator | list[torch.Generator] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return (tokens, logprob of each under its sampling distribution).
 
+    generator: one for the batch, or one per row (then a row's draws do not depend on the others).
     temperature <= 0 means greedy; its logprob is then taken under the untempered distribution.
     """
     logits = logits.float()
     greedy = temperatures <= 0
     t = torch.where(greedy, torch.ones_like(temperatures), temperatures)
     logp = torch.log_softmax(logits / t[:, None], dim=-1)
-    sampled = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+    probs = logp.exp()
+    if isinstance(generator, list):
+        sampled = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generator)])
+    else:
+        sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     tokens = torch.where(greedy, logits.argmax(-1), sampled)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
@@ -56,6 +62,16 @@ class TransformersBackend:
         # The backend samples from the training model object itself: nothing to copy.
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
+
+    def release_memory(self) -> None:
+        pass  # it shares the training model's memory
+
+    def rng_state(self) -> torch.Tensor:
+        """The shared generator's state (requests without their own seed draw from it)."""
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
 
     async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         # Off the event loop, so env calls of other rollouts proceed while we sample.
@@ -97,6 +113,11 @@ class TransformersBackend:
                     stops[row, : len(r.stop_token_ids)] = torch.tensor(r.stop_token_ids, device=dev)
             max_new = torch.tensor([r.max_new for r in requests], device=dev)
 
+            # Seeded requests draw from their own generator, unseeded ones from the shared one.
+            gens: torch.Generator | list[torch.Generator] = self.generator
+            if any(r.seed is not None for r in requests):
+                gens = [self.generator if r.seed is None else
+                        torch.Generator(device=dev).manual_seed(r.seed) for r in requests]
             cache = DynamicCache(config=model.config)
             logits = model(
                 input_ids=ids, attention_mask=attn, position_ids=pos,
@@ -109,7 +130,7 @@ class TransformersBackend:
             stopped = torch.zeros(b, dtype=torch.bool, device=dev)
             last_pos = pos[:, -1:]
             for _ in range(int(max_new.max())):
-                tok, lp = sample_tokens(logits, temps, self.generator)
+                tok, lp = sample_tokens(logits, temps, gens)
                 tok = torch.where(active, tok, torch.full_like(tok, self.pad_token_id))
                 gen_tokens.append(tok)
                 gen_logps.append(lp)

@@ -34,6 +34,9 @@ class ScriptedBackend:
     def sync_weights(self, model) -> None:
         pass
 
+    def release_memory(self) -> None:
+        pass
+
     async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         return [self._one(r) for r in requests]
 

@@ -12,8 +12,12 @@ from typing import Any
 from trainer.backends.base import FinishReason, GenRequest, GenResult
 
 
-def sampling_params_kwargs(req: GenRequest, seed: int | None = None) -> dict[str, Any]:
-    """Keyword arguments for `vllm.SamplingParams` for one request."""
+def sampling_params_kwargs(req: GenRequest) -> dict[str, Any]:
+    """Keyword arguments for `vllm.SamplingParams` for one request.
+
+    The seed is the request's own (backends/seeding.py) or none: one seed shared by every request
+    would give the members of a GRPO group, which share their prompt, the same completion.
+    """
     if req.max_new < 1:
         raise ValueError(f"max_new must be >= 1, got {req.max_new}")
     if not req.stop_token_ids:
@@ -31,10 +35,21 @@ def sampling_params_kwargs(req: GenRequest, seed: int | None = None) -> dict[str
         "detokenize": False,  # we never need the text
         "skip_special_tokens": False,
     }
-    s = req.seed if req.seed is not None else seed
-    if s is not None:
-        kw["seed"] = s
+    if req.seed is not None:
+        kw["seed"] = req.seed
     return kw
+
+
+def launcher_env(environ: Mapping[str, str], free_port: int) -> dict[str, str]:
+    """The variables a colocated engine (`distributed_executor_backend="external_launcher"`) reads,
+    for those the launcher did not set: a plain `python -m trainer` is rank 0 of a world of 1.
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine core in this process, which is what makes
+    the engine's model reachable for in-memory weight sync."""
+    defaults = {"RANK": "0", "LOCAL_RANK": environ.get("RANK", "0"), "WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port)}
+    out = {k: v for k, v in defaults.items() if k not in environ}
+    out["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return out
 
 
 def token_prompt(req: GenRequest) -> dict[str, list[int]]:
