@@ -43,8 +43,16 @@ class BudgetConfig(_Strict):
 
 
 class EnvConfig(_Strict):
+    # One HOST:PORT; several, comma-separated; or a DNS name that resolves to several (with replicas).
     address: str = "127.0.0.1:50051"
+    replicas: bool = Field(False, description="Spread sessions over every address (tito.client.ReplicaClient); "
+                           "implied by a comma-separated address.")
     environment: str = "python"
+    # A server on a non-loopback address wants TLS and a token (docs/scaling.md).
+    tls_ca_file: str | None = Field(None, description="CA of the server's certificate: connect with TLS.")
+    tls_cert_file: str | None = Field(None, description="Client certificate, for servers that require mTLS.")
+    tls_key_file: str | None = Field(None, description="Key of tls_cert_file.")
+    token_file: str | None = Field(None, description="File holding the bearer token (else $TITO_TOKEN, if set).")
     # A Step may run several tool calls, each up to the sandbox timeout (30 s + graces by default).
     rpc_timeout_s: float = Field(600.0, gt=0)
     rpc_retries: int = Field(4, ge=0, description="Retries of one RPC on UNAVAILABLE (same seq).")

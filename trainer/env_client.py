@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from tito.client import AsyncTitoClient, TitoError
+from tito.client import AsyncReplicaClient, AsyncTitoClient, TitoError
 from tito.types import Message, OpenedSession, StepResult, TokenizerRegistration
 
 
@@ -29,16 +29,18 @@ class EnvClient(Protocol):
 class TitoEnv:
     """An `AsyncTitoClient` bound to one registered tokenizer: the EnvClient of real runs."""
 
-    def __init__(self, client: AsyncTitoClient, registration: TokenizerRegistration) -> None:
+    def __init__(self, client: AsyncTitoClient | AsyncReplicaClient, registration: TokenizerRegistration) -> None:
         self.client = client
         self.registration = registration
 
     @classmethod
-    async def connect(cls, address: str, tokenizer: Any, *, environment: str | None = None,
+    async def connect(cls, address: str | list[str], tokenizer: Any, *, environment: str | None = None,
                       chat_template_kwargs: Mapping[str, Any] | None = None, ready_timeout_s: float = 120.0,
                       **client_options: Any) -> TitoEnv:
-        """Wait for SERVING, check the environment is offered, register the tokenizer (fingerprint checked)."""
-        client = AsyncTitoClient(address, **client_options)
+        """Wait for SERVING, check the environment is offered, register the tokenizer (fingerprint checked).
+        A list of addresses spreads sessions over replicas (`AsyncReplicaClient`, the same API)."""
+        client = (AsyncReplicaClient(address, **client_options) if isinstance(address, list)
+                  else AsyncTitoClient(address, **client_options))
         try:
             await client.wait_ready(ready_timeout_s)
             if environment is not None:

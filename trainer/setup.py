@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from tito.client import TlsOptions
 from trainer import distributed
 from trainer.backends.base import GenerationBackend
 from trainer.config import TrainConfig
@@ -117,10 +119,15 @@ def make_backend(cfg: TrainConfig, model, tok: TokenizerInfo, rank: int = 0) -> 
 
 async def connect_env(cfg: TrainConfig, tok: TokenizerInfo) -> TitoEnv:
     """Connect, check the environment exists, register the tokenizer (the client checks the fingerprint)."""
-    env = await TitoEnv.connect(cfg.env.address, tok.files, environment=cfg.env.environment,
-                                chat_template_kwargs=cfg.tokenizer.chat_template_kwargs,
-                                ready_timeout_s=cfg.env.ready_timeout_s, deadline_s=cfg.env.rpc_timeout_s,
-                                retries=cfg.env.rpc_retries)
+    e = cfg.env
+    addresses = [a.strip() for a in e.address.split(",") if a.strip()]
+    tls = (TlsOptions(ca_file=e.tls_ca_file, cert_file=e.tls_cert_file, key_file=e.tls_key_file)
+           if e.tls_ca_file or e.tls_cert_file else None)
+    token = Path(e.token_file).read_text().strip() if e.token_file else os.environ.get("TITO_TOKEN") or None
+    env = await TitoEnv.connect(addresses if e.replicas or len(addresses) > 1 else addresses[0], tok.files,
+                                environment=e.environment, chat_template_kwargs=cfg.tokenizer.chat_template_kwargs,
+                                ready_timeout_s=e.ready_timeout_s, deadline_s=e.rpc_timeout_s,
+                                retries=e.rpc_retries, tls=tls, token=token)
     reg = env.registration
     log.info("registered tokenizer %s (family %s, stop ids %s)", reg.fingerprint[:12],
              reg.template_family, list(reg.stop_token_ids))

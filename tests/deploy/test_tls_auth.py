@@ -218,3 +218,27 @@ def test_make_certs_script_gives_a_working_mtls_setup(docker_ok, tmp_path):
             assert "python" in {e.name for e in client.list_environments()}
     finally:
         srv.terminate()
+
+
+def test_the_trainer_reaches_an_mtls_server_with_a_token_file(mtls_server, pki, tmp_path):
+    from trainer.config import load_config
+    from trainer.setup import TokenizerInfo, connect_env
+
+    tls = pki.tls(pki.client)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    sets = [f"env.address={mtls_server.address}", f"env.tls_ca_file={tls.ca_file}", f"env.token_file={token_file}",
+            f"env.tls_cert_file={tls.cert_file}", f"env.tls_key_file={tls.key_file}"]
+    cfg = load_config(None, sets)
+    tok = TokenizerInfo.load(cfg)
+
+    async def connect():
+        env = await connect_env(cfg, tok)
+        await env.close()
+        return env.registration
+
+    reg = asyncio.run(connect())
+    assert reg.fingerprint and reg.stop_token_ids
+    without_token = load_config(None, sets[:2] + sets[3:])
+    with pytest.raises(UnauthenticatedError):
+        asyncio.run(connect_env(without_token, tok))
