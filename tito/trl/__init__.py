@@ -8,6 +8,7 @@
 Both TRL APIs are experimental in 1.16 and warn unless `TRL_EXPERIMENTAL_SILENCE=1`. See docs/trl.md.
 """
 
+from tito.trl.environment import TitoEnvironment, TitoEnvironmentSpec
 from tito.trl.rollout import ENV_ARGS_KEY, TitoRollout
 
-__all__ = ["ENV_ARGS_KEY", "TitoRollout"]
+__all__ = ["ENV_ARGS_KEY", "TitoEnvironment", "TitoEnvironmentSpec", "TitoRollout"]
