@@ -14,7 +14,8 @@ model write a `run_python` call for its question and then the answer it reads fr
 output: the run then shows tool turns, rewards and their statuses, not learning. The training
 forward pass never sees the bias.
 
-Prints one JSON line: the door, each step's wall time, and TRL's logged rewards and tool metrics.
+Prints one JSON line: the door, each step's wall time (and the part of it spent in rollouts), and
+TRL's logged rewards and tool metrics.
 """
 
 from __future__ import annotations
@@ -30,13 +31,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def questions(n: int, seed: int) -> list[dict[str, str]]:
+def questions(n: int, seed: int, tool_seconds: float = 0.0) -> list[dict[str, str]]:
+    """Multiplication questions, each with the answer and the code a steered model runs for it."""
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
         a, b = rng.randint(11, 99), rng.randint(11, 99)
+        code = f"print({a} * {b})"
+        if tool_seconds:  # a slower tool, to see which door runs the calls of a batch in parallel
+            code = f"import time; time.sleep({tool_seconds}); {code}"
         rows.append({"prompt": [{"role": "user", "content": f"What is {a} * {b}?"}], "answer": str(a * b),
-                     "code": f"print({a} * {b})"})
+                     "code": code})
     return rows
 
 
@@ -68,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steer", action="store_true", help="script tool calls with sequence_bias (see above)")
     ap.add_argument("--steer-strength", type=float, default=100.0,
                     help="the bias; about 17 lets some samples stray from the script, so rewards vary")
+    ap.add_argument("--tool-seconds", type=float, default=0.0, help="make each steered tool call sleep this long")
     ap.add_argument("--prompts", type=int, default=8, help="questions in the dataset")
     ap.add_argument("--prompts-per-step", type=int, default=2)
     ap.add_argument("--num-generations", type=int, default=2)
@@ -91,7 +97,7 @@ def build_trainer(args: argparse.Namespace, output_dir: str):
 
     tokenizer = AutoTokenizer.from_pretrained(build_tokenizer_dir(template="qwen2_5"), padding_side="left")
     model = build_tiny_qwen3(seed=args.seed)
-    rows = questions(args.prompts, args.seed)
+    rows = questions(args.prompts, args.seed, args.tool_seconds)
     dataset = Dataset.from_list(rows)
 
     def env_args(row):
@@ -140,6 +146,19 @@ def main(argv: list[str] | None = None) -> int:
         trainer, tito = build_trainer(args, args.output_dir or tmp)
         timer = StepTimer()
         trainer.add_callback(timer)
+        # The part of a step that differs between the doors: GRPOTrainer._generate (generation, tool
+        # calls and, with the environment door, TRL's tool loop), timed around TRL's private method.
+        rollout_seconds: list[float] = []
+        generate = trainer._generate
+
+        def timed_generate(*a, **kw):
+            started = time.perf_counter()
+            try:
+                return generate(*a, **kw)
+            finally:
+                rollout_seconds.append(time.perf_counter() - started)
+
+        trainer._generate = timed_generate
         try:
             trainer.train()
         finally:
@@ -147,10 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     logs = [h for h in trainer.state.log_history if "reward" in h]
     tool_key = "tito/tool_calls_per_rollout"
     print(json.dumps({
-        "door": args.door, "steer": args.steer, "steps": len(timer.seconds),
+        "door": args.door, "steer": args.steer, "tool_seconds": args.tool_seconds, "steps": len(timer.seconds),
         "step_seconds": [round(s, 3) for s in timer.seconds],
         # The first step also pays for warm-up (first forward passes, the server's first sessions).
         "mean_step_seconds_after_first": round(sum(timer.seconds[1:]) / max(1, len(timer.seconds) - 1), 3),
+        "rollout_seconds": [round(s, 3) for s in rollout_seconds],
         "reward": [h["reward"] for h in logs],
         "tool_calls_per_rollout": [h.get(tool_key) for h in logs],
         "completed_frac": [h.get("tito/completed_frac") for h in logs],
