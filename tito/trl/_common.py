@@ -4,7 +4,9 @@ rollout's status becomes the reward TRL sees."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Sequence
+import time
+from collections.abc import Awaitable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 from tito.client import TitoClient
@@ -59,15 +61,37 @@ def status_reward(status: str, env_reward: float | None, truncated_reward: float
     return truncated_reward
 
 
+class EnvClock:
+    """Wall time the trainer spent waiting on the env server since the last `take` (opening,
+    stepping and closing sessions): logged once per batch as `tito/env_seconds`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def take(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
 def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def log_status_metrics(log_metric, statuses: Sequence[str], tool_calls: Sequence[int]) -> None:
-    """tito's own rollout metrics through TRL's `log_metric` (a reward function kwarg)."""
+def log_status_metrics(log_metric, statuses: Sequence[str], tool_calls: Sequence[int], clock: EnvClock) -> None:
+    """tito's own metrics of a batch through TRL's `log_metric` (a reward function kwarg)."""
+    env_seconds = clock.take()
     if log_metric is None or not statuses:
         return
     n = len(statuses)
+    log_metric("tito/env_seconds", env_seconds)
     log_metric("tito/tool_calls_per_rollout", mean([float(c) for c in tool_calls]))
     log_metric("tito/completed_frac", sum(s == COMPLETED for s in statuses) / n)
     log_metric("tito/truncated_frac", sum(s.startswith("truncated") for s in statuses) / n)

@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from tito.client import Session, TitoClient
-from tito.trl._common import (ABORTED, COMPLETED, attempt, connect, log, log_status_metrics, status_reward,
-                              truncated)
+from tito.trl._common import (ABORTED, COMPLETED, EnvClock, attempt, connect, log, log_status_metrics,
+                              status_reward, truncated)
 from tito.types import EnvironmentInfo, StepStatus, ToolCall, ToolSpec
 
 SANITIZE = {"sanitize_control_tokens": True}
@@ -67,14 +67,21 @@ class TitoEnvironment:
         """Close the previous episode's session (if the reward function did not) and open one."""
         self._close()
         self._new_episode()
-        self._session = self._spec.client.open_session(self._spec.environment, env_args=self._spec.env_args_of(row))
+        with self._spec.clock.timing():
+            self._session = self._spec.client.open_session(self._spec.environment,
+                                                           env_args=self._spec.env_args_of(row))
         self.session_id = self._session.id
         return None  # the dataset's prompt is the prompt
 
     def _call_tool(self, name: str, arguments: dict[str, Any]) -> str:
         if self._session is None or self.status is not None:
             return "Error: the episode is over; no tool can run."
-        result = self._session.step(tool_calls=[ToolCall(id="", name=name, arguments=json.dumps(arguments))])
+        try:
+            with self._spec.clock.timing():
+                result = self._session.step(tool_calls=[ToolCall(id="", name=name, arguments=json.dumps(arguments))])
+        except Exception:
+            self.status = ABORTED  # TRL reports the error to the model and counts a tool failure
+            raise
         self.tool_calls += 1
         self.tool_output_cut |= result.truncated
         if result.status is StepStatus.EPISODE_END:  # a tool ended the episode (e.g. a correct guess)
@@ -104,7 +111,8 @@ class TitoEnvironment:
         session, self._session = self._session, None
         if session is not None:
             try:
-                session.close()
+                with self._spec.clock.timing():
+                    session.close()
             except Exception as e:  # noqa: BLE001 - the server's lease reclaims it
                 log.warning("CloseSession(%s) failed: %s", session.id, e)
 
@@ -134,6 +142,7 @@ class TitoEnvironmentSpec:
         self._instances: list[TitoEnvironment] = []
         self._lock = threading.Lock()
         self._ends: frozenset[int] = frozenset()  # TRL's end-of-completion ids, once seen
+        self.clock = EnvClock()
         try:
             self.info: EnvironmentInfo = self.client.environment(environment)
             self._cls = environment_class(self.info)
@@ -170,14 +179,15 @@ class TitoEnvironmentSpec:
                                  "spec.environment_factory): it ends the episodes of those environments")
             ids = completion_ids or [None] * len(completions)
             ends = [self._final(c, i) for c, i in zip(completions, ids, strict=True)]
-            done = self.client.gather([attempt(env._finish(text, status))
-                                       for env, (text, status) in zip(environments, ends, strict=True)])
+            with self.clock.timing():
+                done = self.client.gather([attempt(env._finish(text, status))
+                                           for env, (text, status) in zip(environments, ends, strict=True)])
             for env, d in zip(environments, done):
                 if isinstance(d, Exception):
                     log.warning("ending session %s failed: %s", env.session_id, d)
                     env.status = ABORTED
             statuses = [e.status or ABORTED for e in environments]
-            log_status_metrics(log_metric, statuses, [e.tool_calls for e in environments])
+            log_status_metrics(log_metric, statuses, [e.tool_calls for e in environments], self.clock)
             return [status_reward(s, e.reward, self.truncated_reward) for s, e in zip(statuses, environments)]
         return tito_reward
 

@@ -28,8 +28,8 @@ from tito.client import TitoClient
 from tito.client.aio import AsyncSession
 from tito.fingerprint import compute_fingerprint
 from tito.tokenizer_files import tokenizer_files
-from tito.trl._common import (ABORTED, COMPLETED, attempt, connect, log, log_status_metrics, status_reward,
-                              truncated)
+from tito.trl._common import (ABORTED, COMPLETED, EnvClock, attempt, connect, log, log_status_metrics,
+                              status_reward, truncated)
 from tito.trl.generation import Generator, generator_for
 from tito.types import StepResult, StepStatus
 from trainer.backends.base import GenRequest, GenResult
@@ -128,6 +128,7 @@ class TitoRollout:
         pad = getattr(tokenizer, "pad_token_id", None)
         self._pad_id = pad if pad is not None else self.stop_token_ids[0]
         self._checked_trainer: Any = None
+        self._clock = EnvClock()
 
     # ------------------------------------------------------------------ public
 
@@ -167,7 +168,7 @@ class TitoRollout:
         if tito_status is None or tito_reward is None:
             raise ValueError("TitoRollout.reward_func reads the extras of TitoRollout.rollout_func: pass "
                              "rollout_func=tito.rollout_func to GRPOTrainer as well")
-        log_status_metrics(log_metric, tito_status, tito_tool_calls or [])
+        log_status_metrics(log_metric, tito_status, tito_tool_calls or [], self._clock)
         return [status_reward(s, r, self.truncated_reward) for s, r in zip(tito_status, tito_reward, strict=True)]
 
     def close(self) -> None:
@@ -205,7 +206,7 @@ class TitoRollout:
 
     def _open(self, specs: list[tuple[list[dict[str, Any]], dict[str, Any] | None]]) -> list[AsyncSession]:
         aio = self.client.aio
-        opened = self.client.gather([attempt(aio.open_session(
+        opened = self._gather([attempt(aio.open_session(
             self.environment, messages, fingerprint=self.registration.fingerprint, env_args=env_args))
             for messages, env_args in specs])
         errors = [o for o in opened if isinstance(o, Exception)]
@@ -216,9 +217,13 @@ class TitoRollout:
         return opened
 
     def _close_sessions(self, sessions: list[AsyncSession]) -> None:
-        for s, r in zip(sessions, self.client.gather([attempt(s.close()) for s in sessions])):
+        for s, r in zip(sessions, self._gather([attempt(s.close()) for s in sessions])):
             if isinstance(r, Exception):  # the server's lease reclaims it
                 log.warning("CloseSession(%s) failed: %s", s.id, r)
+
+    def _gather(self, calls: list) -> list:
+        with self._clock.timing():
+            return self.client.gather(calls)
 
     # ------------------------------------------------------------------ turns
 
@@ -240,12 +245,12 @@ class TitoRollout:
             stepping = [(e, res) for (e, req), res in zip(batch, results, strict=True)
                         if self._take_turn(e, req, res)]
             last = turn == self.max_turns - 1
-            answers = self.client.gather([attempt(e.session.step(
+            answers = self._gather([attempt(e.session.step(
                 res.ids, max_suffix_tokens=max(1, e.state.remaining - self.suffix_reserve)))
                 for e, res in stepping])
             for (e, _), answer in zip(stepping, answers, strict=True):
                 self._take_step(e, answer, last)
-        for e in episodes:  # only a collective generator's empty last rounds get here with work left
+        for e in episodes:  # a safety net: the last turn above already ends every rollout
             if not e.state.finished:
                 e.state.truncate(TruncationCause.MAX_TURNS)
 
@@ -253,8 +258,8 @@ class TitoRollout:
         """Append a generated turn; True when it ended on a stop id and goes to the server."""
         r = e.state
         if res.logprobs is None or len(res.logprobs) != len(res.ids) or not res.ids:
-            why = res.extra.get("error") or f"{len(res.ids)} ids, {'no' if res.logprobs is None else len(res.logprobs)} logprobs"
-            r.abort(f"generation: {why}")
+            got = "no" if res.logprobs is None else len(res.logprobs)
+            r.abort(f"generation: {res.extra.get('error') or f'{len(res.ids)} ids, {got} logprobs'}")
             return False
         if not all(math.isfinite(x) for x in res.logprobs):
             r.abort("generation: non-finite logprobs")
