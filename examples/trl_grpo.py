@@ -108,8 +108,9 @@ def build_trainer(args: argparse.Namespace, output_dir: str):
         per_device_train_batch_size=args.prompts_per_step * args.num_generations,
         num_generations=args.num_generations, max_completion_length=args.max_completion_length,
         learning_rate=1e-4, beta=0.0, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
-        generation_kwargs={"sequence_bias": steering_bias(tokenizer, rows, args.steer_strength)} if args.steer else None,
     )
+    if args.steer:
+        config["generation_kwargs"] = {"sequence_bias": steering_bias(tokenizer, rows, args.steer_strength)}
     if args.door == "rollout":
         tito = TitoRollout(args.env_address, tokenizer, "python", max_turns=args.max_turns,
                            max_tokens_per_turn=args.max_tokens_per_turn)
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "rollout_seconds": [round(s, 3) for s in rollout_seconds],
         "reward": [h["reward"] for h in logs],
         "tool_calls_per_rollout": [h.get(tool_key) for h in logs],
+        "env_seconds": [h.get("tito/env_seconds") for h in logs],  # waiting on the env server
         "completed_frac": [h.get("tito/completed_frac") for h in logs],
         "trl_tool_call_frequency": [h.get("tools/call_frequency") for h in logs],
     }))

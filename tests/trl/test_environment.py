@@ -74,6 +74,7 @@ def test_every_tool_call_reached_tito(run, client):
         assert final.result.status is StepStatus.EPISODE_END and final.result.reward == 1.0
     logged = [h for h in trainer.state.log_history if "reward" in h][0]
     assert logged["rewards/tito_reward/mean"] == 1.0 and logged["tools/call_frequency"] == 1.0
+    assert logged["tito/env_seconds"] > 0
 
 
 def test_every_session_is_closed(run, client, server):

@@ -59,6 +59,7 @@ def test_the_loss_gets_tito_ids_token_for_token(trained, client):
     assert all(0 in r.env_mask for r in rows if r.extras["tito_status"] == "completed")
     logged = [h for h in trained.state.log_history if "reward" in h]
     assert logged[0]["reward"] == pytest.approx(0.5) and logged[0]["tito/tool_calls_per_rollout"] == 0.5
+    assert logged[0]["tito/env_seconds"] > 0
 
 
 def test_every_session_is_closed(trained, client):
@@ -91,7 +92,8 @@ def test_statuses_token_for_token(trained, client, tokenizer, rows, limits, expe
         assert_token_exact(client, r)
         assert_logprobs(out, i)
         assert len(r.completion_ids) <= kw.get("max_completion_tokens", trained.max_completion_length)
-    rewards = tito.reward_func(completions=[None] * len(rows), **{k: v for k, v in out.items() if k.startswith("tito_")})
+    extras = {k: v for k, v in out.items() if k.startswith("tito_")}
+    rewards = tito.reward_func(completions=[None] * len(rows), **extras)
     assert rewards == [{"completed": 1.0, "aborted": None}.get(s, 0.0) for s in expected]
     if rows == [FLOOD]:
         assert out["tito_tool_output_cut"] == [True]
