@@ -20,6 +20,7 @@ from tests.trl import fake_vllm
 from tests.trl.helpers import CapturingGRPOTrainer, Row, assert_logprobs, assert_token_exact, grpo_config
 from tito.trl import TitoRollout
 from tito.trl.generation import cut_turn
+from trainer.backends.base import FinishReason
 from trainer.model import build_tiny_qwen3
 
 STEERED = {"prompt": [{"role": "user", "content": "What is 23 * 45?"}], "answer": "1035", "code": "print(23 * 45)"}
@@ -121,7 +122,7 @@ def test_a_turn_ends_at_its_first_stop_or_its_cap():
     stops = (7, 8)
     assert cut_turn([1, 2, 7, 8, 0], [-1.0] * 5, 10, stops) == cut_turn([1, 2, 7], [-1.0] * 3, 10, stops)
     r = cut_turn([1, 2, 7], [-0.5, -0.25, -0.125], 10, stops)
-    assert (r.ids, r.logprobs, r.finish_reason) == ([1, 2, 7], [-0.5, -0.25, -0.125], "stop")
+    assert (r.ids, r.logprobs, r.finish_reason) == ([1, 2, 7], [-0.5, -0.25, -0.125], FinishReason.STOP)
     r = cut_turn([1, 2, 3, 7], [-1.0] * 4, 2, stops)  # a batch-wide cap larger than this request's
-    assert (r.ids, r.finish_reason) == ([1, 2], "length")
+    assert (r.ids, r.finish_reason) == ([1, 2], FinishReason.LENGTH)
     assert cut_turn([1, 7], [-1.0, None], 5, stops).logprobs is None  # a missing logprob aborts the rollout

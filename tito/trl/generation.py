@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
-from trainer.backends.base import GenRequest, GenResult
+from trainer.backends.base import FinishReason, GenRequest, GenResult
 from trainer.backends.vllm_helpers import extract_result, sampling_params_kwargs, token_prompt
 
 
@@ -52,10 +52,10 @@ def cut_turn(ids: Sequence[int], logprobs: Sequence[float | None] | None, max_ne
     """The turn as the rollout keeps it: up to and including its first stop id, else its first
     `max_new` ids ("length"). Used where one batch-wide cap served requests with smaller caps."""
     stops = set(stop_token_ids)
-    end, finish = min(len(ids), max_new), "length"
+    end, finish = min(len(ids), max_new), FinishReason.LENGTH
     for i, token in enumerate(ids[:max_new]):
         if token in stops:
-            end, finish = i + 1, "stop"
+            end, finish = i + 1, FinishReason.STOP
             break
     lps = None
     if logprobs is not None and len(logprobs) >= end and all(x is not None for x in logprobs[:end]):
@@ -63,9 +63,15 @@ def cut_turn(ids: Sequence[int], logprobs: Sequence[float | None] | None, max_ne
     return GenResult(ids=[int(t) for t in ids[:end]], logprobs=lps, finish_reason=finish)
 
 
+@dataclasses.dataclass
+class FailedGeneration(GenResult):
+    """No ids, no logprobs: the rollout loop aborts this rollout and records `error`."""
+
+    error: str = ""
+
+
 def _failed(reason: str) -> GenResult:
-    # No logprobs: the rollout loop aborts this rollout and records why.
-    return GenResult(ids=[], logprobs=None, finish_reason="stop", extra={"error": reason})
+    return FailedGeneration(ids=[], logprobs=None, finish_reason=FinishReason.STOP, error=reason)
 
 
 class TransformersGenerator:

@@ -32,7 +32,7 @@ from tito.trl._common import (ABORTED, COMPLETED, EnvClock, attempt, connect, lo
                               status_reward, truncated)
 from tito.trl.generation import Generator, generator_for
 from tito.types import StepResult, StepStatus
-from trainer.backends.base import GenRequest, GenResult
+from trainer.backends.base import FinishReason, GenRequest, GenResult
 from trainer.state import RolloutStateError, Status, TruncationCause
 from trainer.state import Rollout as RolloutState
 
@@ -259,7 +259,7 @@ class TitoRollout:
         r = e.state
         if res.logprobs is None or len(res.logprobs) != len(res.ids) or not res.ids:
             got = "no" if res.logprobs is None else len(res.logprobs)
-            r.abort(f"generation: {res.extra.get('error') or f'{len(res.ids)} ids, {got} logprobs'}")
+            r.abort(f"generation: {getattr(res, 'error', '') or f'{len(res.ids)} ids, {got} logprobs'}")
             return False
         if not all(math.isfinite(x) for x in res.logprobs):
             r.abort("generation: non-finite logprobs")
@@ -269,7 +269,7 @@ class TitoRollout:
         except RolloutStateError as err:
             r.abort(f"generation: {err}")
             return False
-        if res.finish_reason == "length":
+        if res.finish_reason is FinishReason.LENGTH:
             r.truncate(TruncationCause.LENGTH)  # a half-written tool call must not run
             return False
         return True
