@@ -10,7 +10,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 from env_server.rendering import RenderingContext, TokenizerRegistry
-from tito.types import ToolCall, call_id
+from env_server.rendering import messages as msgs
+from tito.types import ToolCall
 from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
 
 TEMPLATES = ["qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3_1", "gptoss"]
@@ -69,14 +70,8 @@ def template_text(ctx: RenderingContext, conv: list[dict], generation_prompt: bo
 
 def model_completion(ctx: RenderingContext, conv: list[dict], asst: dict) -> list[int]:
     """The assistant turn as the model generates it: the template's rendering of the turn after the
-    generation prompt, up to and including the first stop token, tokenized alone."""
-    before = template_text(ctx, conv, True)
-    after = template_text(ctx, conv + [asst], False)
-    assert after.startswith(before), "generation prompt is not a prefix of the assistant turn"
-    text = after[len(before) :]
-    stops = [ctx.tokenizer.convert_ids_to_tokens(i) for i in ctx.stop_token_ids]
-    end = min(text.find(s) + len(s) for s in stops if s in text)
-    return ctx.tokenizer.encode(text[:end], add_special_tokens=False)
+    generation prompt, through the token that ends it (the boundary, for a call turn), tokenized alone."""
+    return ctx.encode(ctx.completion_text(conv, asst, TOOLS))
 
 
 @dataclass
@@ -96,17 +91,9 @@ class Walk:
 
 
 def assistant_message(ctx: RenderingContext, turn: Turn, k: int) -> dict:
-    msg = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {"id": f"call_{k}_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-            for i, (n, a) in enumerate(turn.calls)
-        ],
-    }
-    if ctx.rules.reasoning_field:
-        msg[ctx.rules.reasoning_field] = turn.reasoning
-    return msg
+    """The call turn in the template's shapes, with the ids the server gives the parsed calls of step k."""
+    style = ctx.rules.style
+    return msgs.assistant(style, [(style.call_id(k, i), n, a) for i, (n, a) in enumerate(turn.calls)], turn.reasoning)
 
 
 def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, check: bool = True) -> Walk:
@@ -121,14 +108,15 @@ def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, ch
     for k, turn in enumerate(turns):
         asst = assistant_message(ctx, turn, k)
         completion = model_completion(ctx, w.conv, asst)
-        parsed = ctx.parse_completion(completion, seq=k)
+        parsed = ctx.parse_completion(completion, seq=k, tools=TOOLS)
         written = turn.calls[: ctx.rules.max_calls_per_turn or None]
-        assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == written
-        calls = [ToolCall(call_id(k, i), n, json.dumps(a)) for i, (n, a) in enumerate(turn.calls)]
-        msgs = [
+        assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls][: len(written)] == written
+        style = ctx.rules.style
+        calls = [ToolCall(style.call_id(k, i), n, json.dumps(a)) for i, (n, a) in enumerate(turn.calls)]
+        results = [
             {"role": "tool", "content": out, "name": c.name, "tool_call_id": c.id} for c, out in zip(calls, turn.outputs)
         ]
-        suffix = ctx.render_suffix(calls, msgs, budget)
+        suffix = ctx.render_suffix(calls, results, budget)
         assert not suffix.overflow
         w.suffixes.append(suffix)
         w.ours = w.ours + completion + suffix.ids

@@ -1,0 +1,148 @@
+"""The JSON-in-markers wire format: the arguments are JSON text (kept exactly as written).
+
+- ``hermes`` (Qwen2.5/Qwen3 and most ChatML models): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+- ``llama3``: the whole answer is ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``)
+- ``deepseek``: ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜>``
+  (V3), or ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`` (V3.1)
+- ``gemma4``: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``: Gemma's JSON dialect (bare
+  keys, ``<|"|>``-delimited strings), read per call with transformers' own dialect reader
+  (``content_parsers._json``, what trl's Gemma 4 response schema uses); the model writes no JSON,
+  so ``arguments`` is the JSON of what it wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from transformers.utils.chat_parsing.content_parsers import _json as dialect_json
+
+from .parsing import (
+    _DECODER,
+    _WS,
+    Parsed,
+    RawCall,
+    WireFormat,
+    arguments_object_text,
+    blocks,
+    call_from_json,
+    outside,
+    short,
+)
+from .values import ToolIndex, arguments_json
+
+# ---------------------------------------------------------------- hermes
+
+_HERMES_EXAMPLE = '<tool_call>\n{"name": "<tool name>", "arguments": {...}}\n</tool_call>'
+
+
+def parse_hermes(text: str, tools: ToolIndex | None = None) -> Parsed:
+    spans = blocks(text, "<tool_call>", "</tool_call>")
+    calls = []
+    for start, body_end, end in spans:
+        if body_end == end:
+            calls.append(RawCall("", "", f"a <tool_call> was not closed with </tool_call>; write {_HERMES_EXAMPLE}"))
+            continue
+        calls.append(call_from_json(text[start + len("<tool_call>"):body_end], ("arguments", "parameters"),
+                                    _HERMES_EXAMPLE))
+    return outside(text, spans), None, calls
+
+
+# ---------------------------------------------------------------- llama 3.x
+
+_LLAMA_EXAMPLE = '{"name": "<tool name>", "parameters": {...}}'
+
+
+def parse_llama3(text: str, tools: ToolIndex | None = None) -> Parsed:
+    body = text.strip()
+    if body.startswith("<|python_tag|>"):
+        body = body[len("<|python_tag|>"):].strip()
+    elif not body.startswith("{"):
+        return text.strip(), None, []
+    calls: list[RawCall] = []
+    # One call per JSON object; several may be separated by ';' or newlines.
+    pos = 0
+    while pos < len(body):
+        pos = _WS.match(body, pos).end()
+        if pos >= len(body):
+            break
+        try:
+            _, end = _DECODER.raw_decode(body, pos)
+        except (json.JSONDecodeError, RecursionError):
+            calls.append(call_from_json(body[pos:], ("parameters", "arguments"), _LLAMA_EXAMPLE))
+            break
+        calls.append(call_from_json(body[pos:end], ("parameters", "arguments"), _LLAMA_EXAMPLE))
+        pos = _WS.match(body, end).end()
+        if pos < len(body) and body[pos] == ";":
+            pos += 1
+    return "", None, calls
+
+
+# ---------------------------------------------------------------- deepseek
+
+_DS_BEGIN, _DS_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+_DS_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+_DS_FENCED = re.compile(r"(?P<name>[^\n]+)\n```(?:json)?\n(?P<args>.*)\n```\s*", re.DOTALL)
+_DS_EXAMPLE = f'{_DS_CALLS[0]}{_DS_BEGIN}function{_DS_SEP}<tool name>\n```json\n{{...}}\n```{_DS_END}{_DS_CALLS[1]}'
+
+
+def parse_deepseek(text: str, tools: ToolIndex | None = None) -> Parsed:
+    spans = blocks(text, _DS_BEGIN, _DS_END)
+    calls = []
+    for start, body_end, end in spans:
+        body = text[start + len(_DS_BEGIN):body_end]
+        if body_end == end:
+            calls.append(RawCall("", "", f"a tool call was not closed with {_DS_END}; write {_DS_EXAMPLE}"))
+            continue
+        head, sep, rest = body.partition(_DS_SEP)
+        fenced = _DS_FENCED.fullmatch(rest)
+        name, args = (fenced["name"], fenced["args"]) if fenced else (head, rest)  # V3 fenced, else V3.1
+        if not sep or not name.strip():
+            calls.append(RawCall("", "", f"the tool call has no name: {short(body)}; write {_DS_EXAMPLE}"))
+            continue
+        arguments, error = arguments_object_text(args, _DS_EXAMPLE)
+        calls.append(RawCall(name.strip(), arguments, error))
+    content = outside(text, spans)
+    for marker in _DS_CALLS:
+        content = content.replace(marker, "")
+    return content.strip(), None, calls
+
+
+# ---------------------------------------------------------------- gemma 4
+
+_G_OPEN, _G_CLOSE, _G_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+_G_DIALECT = {"string_delims": [[_G_QUOTE, _G_QUOTE]], "unquoted_keys": True}
+_G_EXAMPLE = f"{_G_OPEN}call:<tool name>{{key:{_G_QUOTE}text{_G_QUOTE},n:3}}{_G_CLOSE}"
+
+
+def parse_gemma4(text: str, tools: ToolIndex | None = None) -> Parsed:
+    spans = blocks(text, _G_OPEN, _G_CLOSE)
+    calls = []
+    for start, body_end, end in spans:
+        body = text[start + len(_G_OPEN):body_end]
+        if body_end == end:
+            calls.append(RawCall("", "", f"a tool call was not closed with {_G_CLOSE}; write {_G_EXAMPLE}"))
+            continue
+        name, brace, args = body.partition("{")
+        name = name.removeprefix("call:").strip()
+        if not brace or not name:
+            calls.append(RawCall("", "", f"the tool call has no 'call:NAME{{' head: {short(body)}; write {_G_EXAMPLE}"))
+            continue
+        try:
+            value = dialect_json("{" + args, _G_DIALECT)
+        except (ValueError, RecursionError) as e:
+            msg = str(e).splitlines()[0]
+            calls.append(RawCall(name, "", f"the arguments of {name} do not parse ({msg}): {short(args)}; "
+                                           f"write {_G_EXAMPLE}"))
+            continue
+        if not isinstance(value, dict):
+            calls.append(RawCall(name, "", f"the arguments of {name} must be an object; write {_G_EXAMPLE}"))
+            continue
+        calls.append(RawCall(name, arguments_json(value)))
+    return outside(text, spans), None, calls
+
+
+HERMES = WireFormat("hermes", parse_hermes, _HERMES_EXAMPLE)
+LLAMA3 = WireFormat("llama3", parse_llama3, _LLAMA_EXAMPLE)
+DEEPSEEK = WireFormat("deepseek", parse_deepseek, _DS_EXAMPLE)
+GEMMA4 = WireFormat("gemma4", parse_gemma4, _G_EXAMPLE)
