@@ -55,7 +55,7 @@ class RenderingContext:
         self._head = msgs.head(self.rules.style)
         self._reasoning = msgs.SYNTHETIC_REASONING if self.rules.style.reasoning_in_synthetic else None
         self._ids_matter = self._template_reads_ids()
-        self._prefixes: dict[tuple, str] = {}  # synthetic call turn -> its render through the boundary
+        self._turns: dict[tuple, tuple] = {}  # (names, ids) -> (synthetic conversation, its render, ids)
         self._index_of: tuple[Any, dict] = (None, {})
         self._lock = threading.Lock()
 
@@ -127,7 +127,7 @@ class RenderingContext:
             # The template's next token is already the tool turn: it must get a result.
             raw = [RawCall("", "", f"the turn ended with {rules.boundary}, which opens tool results, but holds no "
                                    f"tool call; write {self._wire.example}, or end your answer without calling a tool")]
-        calls = [ToolCall(rules.style.call_id(seq, n), c.name, c.arguments, c.error) for n, c in enumerate(raw)]
+        calls = [ToolCall(c.id or rules.style.call_id(seq, n), c.name, c.arguments, c.error) for n, c in enumerate(raw)]
         limit = rules.max_calls_per_turn
         if limit is not None:
             calls[limit:] = [
@@ -164,24 +164,21 @@ class RenderingContext:
                 return True
         return renders[0] != renders[1]
 
-    def _synthetic(self, tool_calls: Sequence[ToolCall], group: list[dict]) -> tuple[list[dict], list[dict], tuple]:
-        """The synthetic call turn and tool group, and the cache key of the call turn."""
+    def _call_turn(self, tool_calls: Sequence[ToolCall]) -> tuple[list[dict], str, tuple[str, ...]]:
+        """The synthetic conversation through a turn calling these tools (sanitized), its render through the
+        boundary, and the call ids the results must carry; cached by names (and ids, where they show)."""
         style = self.rules.style
         calls = list(tool_calls)[: self.rules.max_calls_per_turn or None]
-        names = [c.name or _NO_NAME for c in calls]
+        names = tuple(c.name or _NO_NAME for c in calls)
         if self._ids_matter:
-            ids = [c.id or style.call_id(0, i) for i, c in enumerate(calls)]
+            ids = tuple(c.id or style.call_id(0, i) for i, c in enumerate(calls))
         else:  # fixed ids for the call turn and the results alike
-            ids = [style.call_id(0, i) for i in range(len(calls))]
-            group = [dict(m, tool_call_id=style.call_id(0, i)) for i, m in enumerate(group)]
+            ids = tuple(style.call_id(0, i) for i in range(len(calls)))
+        hit = self._turns.get((names, ids))
+        if hit is not None:
+            return hit
         turn = msgs.assistant(style, [(i, n, {}) for i, n in zip(ids, names)], self._reasoning)
-        return self.sanitize(self._head + [turn]), self.sanitize(group), (tuple(names), tuple(ids))
-
-    def _turn_prefix(self, base: list[dict], key: tuple) -> str:
-        """The render up to the end of the model's call turn (through the boundary)."""
-        prefix = self._prefixes.get(key)
-        if prefix is not None:
-            return prefix
+        base = self.sanitize(self._head + [turn])
         first = self.render_text(base, None, False)
         boundary = self.rules.boundary
         if self.rules.overlap:
@@ -194,19 +191,21 @@ class RenderingContext:
                     f"it rendered {first[-200:]!r}")
             prefix = first[: at + len(boundary)]
         with self._lock:
-            if len(self._prefixes) >= _CACHE_LIMIT:
-                self._prefixes.clear()
-            self._prefixes[key] = prefix
-        return prefix
+            if len(self._turns) >= _CACHE_LIMIT:
+                self._turns.clear()
+            self._turns[(names, ids)] = (base, prefix, ids)
+        return base, prefix, ids
 
     def suffix_text(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict]) -> str:
         """The suffix as (sanitized) template text; raises SuffixRenderError if not prefix-stable."""
         if not tool_messages:
             raise ValueError("render_suffix needs at least one tool message")
-        base, group, key = self._synthetic(tool_calls, tool_messages)
         try:
-            prefix = self._turn_prefix(base, key)
-            second = self.render_text(base + group, None, True)
+            base, prefix, ids = self._call_turn(tool_calls)
+            if not self._ids_matter:
+                tool_messages = [dict(m, tool_call_id=ids[i]) if i < len(ids) else m
+                                 for i, m in enumerate(tool_messages)]
+            second = self.render_text(base + self.sanitize(tool_messages), None, True)
         except TemplateError as e:
             raise SuffixRenderError(f"the chat template refused the tool turn: {e}") from e
         if not second.startswith(prefix):

@@ -93,10 +93,10 @@ def run_trajectory(ctx: RenderingContext, rounds: list[Round], label: str, reaso
             ours = expected  # go on from the template's own text
         else:
             raise _refuse(label, k, (
-                f"the template's own render ends with {ctx.decode(expected[len(expected) - len(suffix):])!r} where "
-                f"the suffix is {suffix_text!r}: it renders the tool turn of this round differently from a single "
-                "round's (it keeps state across rounds), so tool-turn ids cannot be computed per step. Fix the "
-                "template (render each round's tool turn the same way) or use another one"))
+                "the template keeps state across rounds: it renders this round's tool turn differently from a "
+                "single round's, so tool-turn ids cannot be computed per step (its render ends with "
+                f"{ctx.decode(expected[len(expected) - len(suffix):])!r} where the suffix is {suffix_text!r}). "
+                "Fix the template so every round's tool turn renders the same way, or use another template"))
     return exact
 
 

@@ -47,6 +47,7 @@ class RawCall:
     name: str
     arguments: str
     error: str | None = None
+    id: str = ""  # the call id the model wrote, in formats that carry one (Mistral-style "id")
 
 
 Parsed = tuple[str, "str | None", list[RawCall]]
@@ -148,7 +149,8 @@ def call_from_json(body: str, arg_keys: tuple[str, ...], example: str) -> RawCal
     arguments, error = _arguments_text(fields, arg_keys)
     if error:
         return RawCall(name, "", f"{error}; write {example}")
-    return RawCall(name, arguments or "{}", None)
+    written_id = fields.get("id", ("", ""))[0]
+    return RawCall(name, arguments or "{}", None, written_id if isinstance(written_id, str) else "")
 
 
 def split_reasoning(text: str, open_tag: str, close_tag: str, prefilled: bool = True) -> tuple[str | None, str]:

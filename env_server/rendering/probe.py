@@ -207,8 +207,9 @@ class Probe:
         reasoning = _THOUGHT if style.reasoning_in_synthetic else None
         texts = [self.completion_text(style, calls, reasoning, boundary, overlap) for calls in groups]
         if max_calls is None and texts[0].count(boundary) != 1:
-            raise refuse("stop tokens", f"{boundary!r} ends each call, not the turn ({texts[0][-200:]!r})",
-                         "The template must end a turn of several calls with one end-of-turn token")
+            raise refuse("stop tokens", f"the template closes no turn of tool calls: {boundary!r}, the last token it "
+                         f"writes in a call turn, ends each call ({texts[0][-160:]!r}), so the model's stop token "
+                         "after its calls is unknown", "Use a template that ends a call turn with an end-of-turn token")
         for wire in formats().values():
             if all(_parses_back(wire, text, calls, boundary, tags, index) for text, calls in zip(texts, groups)):
                 return wire.name
@@ -243,7 +244,11 @@ def decide(t: ChatTemplate) -> FamilyRules:
     stops = p.stop_tokens(boundary, answer_end)
     tags, prefilled = p.reasoning_tags(style)
     wire = p.wire_format(style, boundary, overlap, (tags, prefilled), max_calls)
-    label = LABELS[wire] if wire != "hermes" or "<|im_start|>" in t.source else "hermes"
+    label = LABELS[wire]
+    if wire == "hermes" and "<|im_start|>" not in t.source:
+        label = "hermes"
+    elif wire == "xml" and "<atem:" in t.source:
+        label = "atem"
     notes = []
     if style.json_args:
         notes.append("the template reads tool-call arguments as JSON text")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -31,6 +32,18 @@ TOOLS = [
             "name": "lookup",
             "description": "Look a word up.",
             "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a place.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "zip": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "zip", "days"],
+            },
         },
     },
 ]
@@ -90,14 +103,34 @@ class Walk:
     ours_at: list[list[int]] = field(default_factory=list)
 
 
+_NATURAL_REASONING: dict[str, bool] = {}
+
+
+def writes_reasoning(ctx: RenderingContext) -> bool:
+    """Whether a model under this template writes reasoning: the template has a field for it and its render
+    of a turn with reasoning continues the generation prompt (Qwen3.5 nothink prefills an empty block)."""
+    if ctx.fingerprint not in _NATURAL_REASONING:
+        conv = [{"role": "user", "content": "hi"}]
+        turn = msgs.assistant(ctx.rules.style, [("c", "lookup", {"word": "w"})], "Thinking.")
+        before = template_text(ctx, conv, True)
+        _NATURAL_REASONING[ctx.fingerprint] = bool(ctx.rules.style.reasoning_field) and template_text(
+            ctx, conv + [turn], False).startswith(before)
+    return _NATURAL_REASONING[ctx.fingerprint]
+
+
 def assistant_message(ctx: RenderingContext, turn: Turn, k: int) -> dict:
     """The call turn in the template's shapes, with the ids the server gives the parsed calls of step k."""
     style = ctx.rules.style
-    return msgs.assistant(style, [(style.call_id(k, i), n, a) for i, (n, a) in enumerate(turn.calls)], turn.reasoning)
+    reasoning = turn.reasoning if writes_reasoning(ctx) else None
+    return msgs.assistant(style, [(style.call_id(k, i), n, a) for i, (n, a) in enumerate(turn.calls)], reasoning)
 
 
-def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, check: bool = True) -> Walk:
-    """Build ids as trainer + server do, comparing with the template's render at each boundary."""
+def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, check: bool = True,
+         resplit: Callable[[RenderingContext, list[int]], list[int]] | None = None) -> Walk:
+    """Build ids as trainer + server do, comparing with the template's render at each boundary.
+
+    ``resplit`` tokenizes the model's completion differently (same text): then the text must still
+    equal the template's, and the suffix ids its exact tail."""
     conv = [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Compute things with the tools."},
@@ -108,6 +141,9 @@ def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, ch
     for k, turn in enumerate(turns):
         asst = assistant_message(ctx, turn, k)
         completion = model_completion(ctx, w.conv, asst)
+        if resplit is not None:
+            canonical, completion = completion, resplit(ctx, completion)
+            assert completion != canonical and ctx.decode(completion) == ctx.decode(canonical)
         parsed = ctx.parse_completion(completion, seq=k, tools=TOOLS)
         written = turn.calls[: ctx.rules.max_calls_per_turn or None]
         assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls][: len(written)] == written
@@ -126,7 +162,10 @@ def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, ch
         w.ours_at.append(list(w.ours))
         # The suffix is always the exact tail of the template's own render.
         assert expected[len(expected) - len(suffix.ids) :] == suffix.ids
-        if check:
+        if resplit is not None:
+            assert ctx.decode(w.ours) == ctx.decode(expected)
+            w.ours = expected
+        elif check:
             assert w.ours == expected, (
                 f"turn {k}: ours {ctx.decode(w.ours)[-300:]!r}\n template {ctx.decode(expected)[-300:]!r}"
             )

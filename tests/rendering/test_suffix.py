@@ -241,8 +241,7 @@ def test_suffix_tokenized_alone_equals_in_context(template):
     for out in ["x", " lead", "\n\nnl", "tail  ", "😀", "'s"]:
         group = [{"role": "tool", "content": out, "name": PY, "tool_call_id": calls[0].id}]
         text = ctx.suffix_text(calls, group)
-        base, _, key = ctx._synthetic(calls, group)
-        prefix = ctx._turn_prefix(base, key)
+        _, prefix, _ = ctx._call_turn(calls)
         assert ctx.encode(prefix + text) == ctx.encode(prefix) + ctx.encode(text)
 
 
