@@ -244,5 +244,6 @@ class RenderingContext:
             if self.rules.overlap:
                 return text + self.rules.boundary
             return text[: find(text, self.rules.boundary, last=True) + len(self.rules.boundary)]
-        ends = [at + len(s) for s in self.rules.stop_tokens if (at := find(text, s)) >= 0]
-        return text[: min(ends)] if ends else text
+        end = self.rules.answer_end
+        at = find(text, end)
+        return text[: at + len(end)] if at >= 0 else text + end  # GLM closes an answer only when a user follows

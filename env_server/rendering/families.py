@@ -58,6 +58,7 @@ class FamilyRules:
     wire: str  # key of parsing.formats()
     stop_tokens: tuple[str, ...]  # generation stops on these (boundary first)
     boundary: str  # the token that ends an assistant turn that calls tools
+    answer_end: str = ""  # the token that ends an answer (GLM writes none: the next role token, <|user|>)
     # The template writes the boundary only with the tool turn (GLM's <|observation|>): the suffix
     # starts after the token the model already emitted, found in the render with the results.
     overlap: bool = False

@@ -255,7 +255,7 @@ def decide(t: ChatTemplate) -> FamilyRules:
     if max_calls:
         notes.append(f"the template renders {max_calls} call per assistant message; further calls get an error")
     return FamilyRules(
-        name=label, wire=wire, stop_tokens=stops, boundary=boundary, overlap=overlap,
+        name=label, wire=wire, stop_tokens=stops, boundary=boundary, answer_end=answer_end, overlap=overlap,
         calls_need_boundary=boundary != answer_end, opens_results=opens, reasoning_tags=tags,
         reasoning_prefilled=prefilled,
         max_calls_per_turn=max_calls, style=style, notes=tuple(notes),
