@@ -24,9 +24,8 @@ from .parsing import (
     RawCall,
     WireFormat,
     arguments_object_text,
-    blocks,
     call_from_json,
-    outside,
+    read_blocks,
     short,
 )
 from .values import ToolIndex, arguments_json
@@ -37,15 +36,9 @@ _HERMES_EXAMPLE = '<tool_call>\n{"name": "<tool name>", "arguments": {...}}\n</t
 
 
 def parse_hermes(text: str, tools: ToolIndex | None = None) -> Parsed:
-    spans = blocks(text, "<tool_call>", "</tool_call>")
-    calls = []
-    for start, body_end, end in spans:
-        if body_end == end:
-            calls.append(RawCall("", "", f"a <tool_call> was not closed with </tool_call>; write {_HERMES_EXAMPLE}"))
-            continue
-        calls.append(call_from_json(text[start + len("<tool_call>"):body_end], ("arguments", "parameters"),
-                                    _HERMES_EXAMPLE))
-    return outside(text, spans), None, calls
+    content, calls = read_blocks(text, "<tool_call>", "</tool_call>", _HERMES_EXAMPLE,
+                                 lambda body: call_from_json(body, ("arguments", "parameters"), _HERMES_EXAMPLE))
+    return content, None, calls
 
 
 # ---------------------------------------------------------------- llama 3.x
@@ -86,23 +79,18 @@ _DS_FENCED = re.compile(r"(?P<name>[^\n]+)\n```(?:json)?\n(?P<args>.*)\n```\s*",
 _DS_EXAMPLE = f'{_DS_CALLS[0]}{_DS_BEGIN}function{_DS_SEP}<tool name>\n```json\n{{...}}\n```{_DS_END}{_DS_CALLS[1]}'
 
 
+def _deepseek_call(body: str) -> RawCall:
+    head, sep, rest = body.partition(_DS_SEP)
+    fenced = _DS_FENCED.fullmatch(rest)
+    name, args = (fenced["name"], fenced["args"]) if fenced else (head, rest)  # V3 fenced, else V3.1
+    if not sep or not name.strip():
+        return RawCall("", "", f"the tool call has no name: {short(body)}; write {_DS_EXAMPLE}")
+    arguments, error = arguments_object_text(args, _DS_EXAMPLE)
+    return RawCall(name.strip(), arguments, error)
+
+
 def parse_deepseek(text: str, tools: ToolIndex | None = None) -> Parsed:
-    spans = blocks(text, _DS_BEGIN, _DS_END)
-    calls = []
-    for start, body_end, end in spans:
-        body = text[start + len(_DS_BEGIN):body_end]
-        if body_end == end:
-            calls.append(RawCall("", "", f"a tool call was not closed with {_DS_END}; write {_DS_EXAMPLE}"))
-            continue
-        head, sep, rest = body.partition(_DS_SEP)
-        fenced = _DS_FENCED.fullmatch(rest)
-        name, args = (fenced["name"], fenced["args"]) if fenced else (head, rest)  # V3 fenced, else V3.1
-        if not sep or not name.strip():
-            calls.append(RawCall("", "", f"the tool call has no name: {short(body)}; write {_DS_EXAMPLE}"))
-            continue
-        arguments, error = arguments_object_text(args, _DS_EXAMPLE)
-        calls.append(RawCall(name.strip(), arguments, error))
-    content = outside(text, spans)
+    content, calls = read_blocks(text, _DS_BEGIN, _DS_END, _DS_EXAMPLE, _deepseek_call)
     for marker in _DS_CALLS:
         content = content.replace(marker, "")
     return content.strip(), None, calls
@@ -115,31 +103,24 @@ _G_DIALECT = {"string_delims": [[_G_QUOTE, _G_QUOTE]], "unquoted_keys": True}
 _G_EXAMPLE = f"{_G_OPEN}call:<tool name>{{key:{_G_QUOTE}text{_G_QUOTE},n:3}}{_G_CLOSE}"
 
 
+def _gemma4_call(body: str) -> RawCall:
+    name, brace, args = body.partition("{")
+    name = name.removeprefix("call:").strip()
+    if not brace or not name:
+        return RawCall("", "", f"the tool call has no 'call:NAME{{' head: {short(body)}; write {_G_EXAMPLE}")
+    try:
+        value = dialect_json("{" + args, _G_DIALECT)
+    except (ValueError, RecursionError) as e:
+        msg = str(e).splitlines()[0]
+        return RawCall(name, "", f"the arguments of {name} do not parse ({msg}): {short(args)}; write {_G_EXAMPLE}")
+    if not isinstance(value, dict):
+        return RawCall(name, "", f"the arguments of {name} must be an object; write {_G_EXAMPLE}")
+    return RawCall(name, arguments_json(value))
+
+
 def parse_gemma4(text: str, tools: ToolIndex | None = None) -> Parsed:
-    spans = blocks(text, _G_OPEN, _G_CLOSE)
-    calls = []
-    for start, body_end, end in spans:
-        body = text[start + len(_G_OPEN):body_end]
-        if body_end == end:
-            calls.append(RawCall("", "", f"a tool call was not closed with {_G_CLOSE}; write {_G_EXAMPLE}"))
-            continue
-        name, brace, args = body.partition("{")
-        name = name.removeprefix("call:").strip()
-        if not brace or not name:
-            calls.append(RawCall("", "", f"the tool call has no 'call:NAME{{' head: {short(body)}; write {_G_EXAMPLE}"))
-            continue
-        try:
-            value = dialect_json("{" + args, _G_DIALECT)
-        except (ValueError, RecursionError) as e:
-            msg = str(e).splitlines()[0]
-            calls.append(RawCall(name, "", f"the arguments of {name} do not parse ({msg}): {short(args)}; "
-                                           f"write {_G_EXAMPLE}"))
-            continue
-        if not isinstance(value, dict):
-            calls.append(RawCall(name, "", f"the arguments of {name} must be an object; write {_G_EXAMPLE}"))
-            continue
-        calls.append(RawCall(name, arguments_json(value)))
-    return outside(text, spans), None, calls
+    content, calls = read_blocks(text, _G_OPEN, _G_CLOSE, _G_EXAMPLE, _gemma4_call)
+    return content, None, calls
 
 
 HERMES = WireFormat("hermes", parse_hermes, _HERMES_EXAMPLE)

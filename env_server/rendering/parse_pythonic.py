@@ -20,7 +20,7 @@ import functools
 import json
 import re
 
-from .parsing import Parsed, RawCall, WireFormat, blocks, outside, short
+from .parsing import Parsed, RawCall, WireFormat, read_blocks, short
 from .values import ToolIndex, arguments_json, retype_literal
 
 _START, _END = "<|tool_call_start|>", "<|tool_call_end|>"
@@ -154,18 +154,14 @@ def _calls(body: str, tools: ToolIndex | None, escaped: bool) -> list[RawCall]:
 
 
 def parse_pythonic(text: str, tools: ToolIndex | None = None, escaped: bool = True) -> Parsed:
-    spans = blocks(text, _START, _END)
-    calls: list[RawCall] = []
-    for start, body_end, end in spans:
-        body = text[start + len(_START):body_end]
-        if body_end == end:
-            calls.append(RawCall("", "", f"the tool calls were not closed with {_END}; write {_EXAMPLE}"))
-            continue
+    def read(body: str) -> list[RawCall]:
         try:
-            calls.extend(_calls(body, tools, escaped))
+            return _calls(body, tools, escaped)
         except _Bad as e:
-            calls.append(RawCall("", "", f"the tool calls do not parse ({e}): {short(body)}; write {_EXAMPLE}"))
-    return outside(text, spans), None, calls
+            return [RawCall("", "", f"the tool calls do not parse ({e}): {short(body)}; write {_EXAMPLE}")]
+
+    content, calls = read_blocks(text, _START, _END, _EXAMPLE, read)
+    return content, None, calls
 
 
 PYTHONIC = WireFormat("pythonic", parse_pythonic, _EXAMPLE)

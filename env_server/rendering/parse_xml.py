@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .parsing import Parsed, RawCall, WireFormat, blocks, outside, short
+from .parsing import Parsed, RawCall, WireFormat, blocks, outside, read_blocks, short
 from .values import ToolIndex, arguments_json, typed_value
 
 
@@ -135,14 +135,9 @@ def _kv_call(body: str, tools: ToolIndex | None) -> RawCall:
 
 
 def parse_arg_kv(text: str, tools: ToolIndex | None = None) -> Parsed:
-    spans = _kv_blocks(text)
-    calls = []
-    for start, body_end, end in spans:
-        if body_end == end:
-            calls.append(RawCall("", "", f"a <tool_call> was not closed with </tool_call>; write {_KV_EXAMPLE}"))
-            continue
-        calls.append(_kv_call(text[start + len("<tool_call>"):body_end], tools))
-    return outside(text, spans), None, calls
+    content, calls = read_blocks(text, "<tool_call>", "</tool_call>", _KV_EXAMPLE, lambda body: _kv_call(body, tools),
+                                 spans=_kv_blocks(text))
+    return content, None, calls
 
 
 def _kv_blocks(text: str) -> list[tuple[int, int, int]]:

@@ -182,6 +182,22 @@ def blocks(text: str, open_tag: str, close_tag: str) -> list[tuple[int, int, int
     return out
 
 
+def read_blocks(text: str, open_tag: str, close_tag: str, example: str,
+                read: Callable[[str], RawCall | list[RawCall]],
+                spans: list[tuple[int, int, int]] | None = None) -> tuple[str, list[RawCall]]:
+    """(the text outside the blocks, the calls ``read`` finds in each block body); an unclosed block is a
+    malformed call. ``spans``: the blocks, when the format finds them its own way."""
+    spans = blocks(text, open_tag, close_tag) if spans is None else spans
+    calls: list[RawCall] = []
+    for start, body_end, end in spans:
+        if body_end == end:
+            calls.append(RawCall("", "", f"a tool call ({open_tag}) was not closed with {close_tag}; write {example}"))
+            continue
+        found = read(text[start + len(open_tag):body_end])
+        calls.extend(found if isinstance(found, list) else [found])
+    return outside(text, spans), calls
+
+
 def outside(text: str, spans: list[tuple[int, int, int]]) -> str:
     """The text outside the given blocks, stripped (the visible answer)."""
     parts, pos = [], 0
