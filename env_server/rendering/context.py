@@ -16,6 +16,7 @@ text and we refuse loudly (SuffixRenderError).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from .parsing import RawCall, formats, split_reasoning
 from .template import ChatTemplate
 from .types import ParsedCompletion, SuffixResult
 from .values import tool_index
+
+log = logging.getLogger(__name__)
 
 _CACHE_LIMIT = 1024
 _NO_NAME = "invalid_tool_call"
@@ -120,7 +123,12 @@ class RenderingContext:
         reasoning = None
         if rules.reasoning_tags and not self._wire.delimited_by_stop:
             reasoning, body = split_reasoning(body, *rules.reasoning_tags, prefilled=rules.reasoning_prefilled)
-        content, own_reasoning, raw = self._wire.parse(body, self._tool_index(tools))
+        try:
+            content, own_reasoning, raw = self._wire.parse(body, self._tool_index(tools))
+        except Exception as e:  # a parser bug must cost the model one error result, never the step
+            log.exception("the %s parser failed on a completion", rules.wire)
+            content, own_reasoning = body, None
+            raw = [RawCall("", "", f"the tool calls could not be read ({type(e).__name__}); write {self._wire.example}")]
         if rules.calls_need_boundary and stopped and not on_boundary:
             raw = []  # the model ended the conversation (e.g. GLM <|user|>): nothing runs
         elif rules.calls_need_boundary and on_boundary and not raw:

@@ -59,7 +59,7 @@ def _python_string(literal: str) -> str:
     for attempt in (literal, literal.replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")):
         try:
             value = ast.literal_eval(attempt)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             continue
         if isinstance(value, str):
             return value
@@ -100,7 +100,7 @@ def _literal(raw: str):
     raw = raw.strip()
     try:
         return ast.literal_eval(raw)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # TypeError: {[1]: 2}
         pass
     try:  # the templates write mappings with tojson: true/false/null
         return json.loads(raw)

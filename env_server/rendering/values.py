@@ -42,7 +42,10 @@ def typed_value(tools: ToolIndex | None, tool: str, param: str, raw: str) -> Any
     types = (tools or {}).get(tool, {}).get(param, ())
     if not types or "string" in types[:1]:
         return raw
-    return _coerce(raw, types)
+    try:
+        return _coerce(raw, types)
+    except RecursionError:  # JSON nested thousands deep: the environment sees the text and says why
+        return raw
 
 
 def retype_literal(tools: ToolIndex | None, tool: str, param: str, value: Any) -> Any:
