@@ -25,6 +25,7 @@ from env_server.rendering import (
     RenderingContext,
     TokenizerRegistry,
     UnsupportedTemplateError,
+    UploadTooLargeError,
 )
 from env_server.sandbox.docker_sandbox import new_session_id
 from env_server.sandbox.pool import SandboxPool
@@ -64,6 +65,8 @@ class Engine:
         try:
             # Loading and the golden check take a while: keep them off the event loop.
             ctx = await asyncio.to_thread(self.tokenizers.register, files, kwargs)
+        except UploadTooLargeError as e:
+            raise RequestError(ErrorKind.RESOURCE_EXHAUSTED, str(e)) from e
         except InvalidTokenizerFilesError as e:
             raise RequestError(ErrorKind.INVALID_ARGUMENT, str(e)) from e
         except UnsupportedTemplateError as e:

@@ -54,6 +54,8 @@ class Episode:
         self.session_id = session_id
         self.env = env
         self.renderer = renderer
+        # The tools' JSON Schemas type values the model writes as raw text (XML, GLM, pythonic formats).
+        self._tool_specs = [t.openai_spec() for t in env.tool_specs()]
         self.metrics = metrics
         self.done = False
         self.tool_calls_made = 0
@@ -172,7 +174,7 @@ class Episode:
                 "(RegisterTokenizer), or send parsed tool_calls instead",
             )
         try:
-            parsed = self.renderer.parse_completion(list(turn.completion_ids), seq=turn.seq)
+            parsed = self.renderer.parse_completion(list(turn.completion_ids), seq=turn.seq, tools=self._tool_specs)
         except ValueError as e:
             raise RequestError(ErrorKind.INVALID_ARGUMENT, f"completion_ids: {e}") from e
         if not parsed.stopped:

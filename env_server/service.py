@@ -33,13 +33,20 @@ _STATUS = {
 }
 
 
-def _rpc(kind: str) -> Callable:
+# The transport's receive limit covers tokenizer uploads (max_tokenizer_bytes); every other RPC
+# keeps the smaller max_message_bytes cap, checked here.
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+def _rpc(kind: str, size_checked: bool = True) -> Callable:
     """Map RequestError to its status and anything unexpected to INTERNAL, counting both."""
 
     def wrap(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(fn)
         async def handler(self: EnvironmentService, request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
+                if size_checked:
+                    self._check_size(kind, request)
                 return await fn(self, request)
             except RequestError as e:
                 self.engine.metrics.errors.labels(f"{kind}:{e.kind.value}").inc()
@@ -59,16 +66,27 @@ def _rpc(kind: str) -> Callable:
 
 
 class EnvironmentService(pb_grpc.EnvironmentServicer):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         self.engine = engine
+        self.max_message_bytes = max_message_bytes
         # The environments never change while the server runs: convert them once.
         self._environments = [wire.environment_to_pb(e) for e in engine.list_environments()]
+
+    def _check_size(self, kind: str, request: Any) -> None:
+        size = request.ByteSize()
+        if size > self.max_message_bytes:
+            raise RequestError(
+                ErrorKind.RESOURCE_EXHAUSTED,
+                f"the {kind} request is {size} bytes, over this server's max_message_bytes of "
+                f"{self.max_message_bytes}; send less (e.g. cut the completion or the tool outputs), or raise the "
+                "server setting max_message_bytes (TITO_MAX_MESSAGE_BYTES)",
+            )
 
     @_rpc("list_environments")
     async def ListEnvironments(self, request: pb.ListEnvironmentsRequest) -> pb.ListEnvironmentsResponse:
         return pb.ListEnvironmentsResponse(environments=self._environments)
 
-    @_rpc("register_tokenizer")
+    @_rpc("register_tokenizer", size_checked=False)  # capped by max_tokenizer_bytes in the registry
     async def RegisterTokenizer(self, request: pb.RegisterTokenizerRequest) -> pb.RegisterTokenizerResponse:
         reg = await self.engine.register_tokenizer(dict(request.files), request.chat_template_kwargs_json)
         return pb.RegisterTokenizerResponse(fingerprint=reg.fingerprint, template_family=reg.template_family,

@@ -23,8 +23,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .template_tokens import TemplateTokens, template_tokens
+
 # Bump when the produced files change, so stale cache entries are rebuilt.
 ASSETS_VERSION = "1"
+TOKENS_VERSION = "2"  # the per-template special tokens (template_tokens.py)
 
 QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -68,68 +71,6 @@ QWEN_SPECIAL_TOKENS: tuple[SpecialToken, ...] = (
     SpecialToken("<think>", special=False),
     SpecialToken("</think>", special=False),
 )
-
-
-@dataclass(frozen=True)
-class TemplateTokens:
-    """Extra special tokens a template needs after the Qwen ones, and the named tokens."""
-
-    extra: tuple[str, ...] = ()
-    bos_token: str | None = None
-    eos_token: str = "<|im_end|>"
-    pad_token: str = "<|endoftext|>"
-
-
-_QWEN = TemplateTokens()
-TEMPLATE_TOKENS: dict[str, TemplateTokens] = {
-    "llama3_1": TemplateTokens(
-        extra=(
-            "<|begin_of_text|>",
-            "<|end_of_text|>",
-            "<|start_header_id|>",
-            "<|end_header_id|>",
-            "<|eot_id|>",
-            "<|eom_id|>",
-            "<|python_tag|>",
-        ),
-        bos_token="<|begin_of_text|>",
-        eos_token="<|eot_id|>",
-        pad_token="<|end_of_text|>",
-    ),
-    "gptoss": TemplateTokens(
-        extra=(
-            "<|startoftext|>",
-            "<|start|>",
-            "<|end|>",
-            "<|message|>",
-            "<|channel|>",
-            "<|call|>",
-            "<|return|>",
-            "<|constrain|>",
-        ),
-        bos_token="<|startoftext|>",
-        eos_token="<|return|>",
-        pad_token="<|endoftext|>",
-    ),
-    "glm4moe": TemplateTokens(
-        extra=(
-            "[gMASK]",
-            "<sop>",
-            "<eop>",
-            "<|system|>",
-            "<|user|>",
-            "<|assistant|>",
-            "<|observation|>",
-            "<arg_key>",
-            "</arg_key>",
-            "<arg_value>",
-            "</arg_value>",
-        ),
-        eos_token="<|user|>",
-    ),
-}
-for _name in ("llama3", "llama3_2"):
-    TEMPLATE_TOKENS[_name] = TEMPLATE_TOKENS["llama3_1"]
 
 
 def _demo_import(module: str, package: str):
@@ -212,9 +153,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 def _template_tokens(template: str, template_text: str) -> TemplateTokens:
-    if template in TEMPLATE_TOKENS:
-        return TEMPLATE_TOKENS[template]
-    return _QWEN
+    return template_tokens(template, template_text, {t.content for t in QWEN_SPECIAL_TOKENS})
 
 
 def build_tokenizer_files(template: str = "qwen2_5", cache_dir: str | Path | None = None) -> dict[str, bytes]:
@@ -227,7 +166,8 @@ def build_tokenizer_files(template: str = "qwen2_5", cache_dir: str | Path | Non
 
     tok = Tokenizer.from_str(_base_tokenizer_json(cache))
     added: list[tuple[SpecialToken, int]] = []
-    specials = list(QWEN_SPECIAL_TOKENS) + [SpecialToken(t) for t in names.extra]
+    # A marker the Qwen BPE already holds as one token ('<s>') keeps its id and stays text.
+    specials = list(QWEN_SPECIAL_TOKENS) + [SpecialToken(t) for t in names.extra if tok.token_to_id(t) is None]
     for token in specials:
         # One call per token keeps ids in list order (151643, 151644, ...).
         at = AddedToken(token.content, special=token.special, normalized=False, single_word=False)
@@ -284,7 +224,7 @@ def build_tokenizer_dir(
     cache = Path(cache_dir) if cache_dir else _default_cache_dir()
     template_text = chat_template_text(template)
     key = hashlib.sha256(
-        f"{ASSETS_VERSION}\0{template}\0{template_text}".encode() + _qwen_tiktoken_path().read_bytes()[:4096]
+        f"{ASSETS_VERSION}.{TOKENS_VERSION}\0{template}\0{template_text}".encode() + _qwen_tiktoken_path().read_bytes()[:4096]
     ).hexdigest()[:16]
     target = Path(out_dir) if out_dir else cache / f"qwen-{template}-{key}"
     stamp = target / ".tito-assets"

@@ -2,9 +2,16 @@
 
 from tito.fingerprint import RENDERER_VERSION
 
-from .context import RenderingContext, truncation_marker
-from .errors import InvalidTokenizerFilesError, RenderingError, SuffixRenderError, UnsupportedTemplateError
-from .families import FamilyRules, detect_family
+from .budget import truncation_marker
+from .context import RenderingContext
+from .errors import (
+    InvalidTokenizerFilesError,
+    RenderingError,
+    SuffixRenderError,
+    UnsupportedTemplateError,
+    UploadTooLargeError,
+)
+from .families import FamilyRules, MessageStyle
 from .registry import TokenizerRegistry
 from .types import ParsedCompletion, SuffixResult
 
@@ -19,6 +26,7 @@ __all__ = [
     "SuffixResult",
     "TokenizerRegistry",
     "UnsupportedTemplateError",
-    "detect_family",
+    "UploadTooLargeError",
+    "MessageStyle",
     "truncation_marker",
 ]

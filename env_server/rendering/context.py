@@ -1,122 +1,98 @@
 """RenderingContext: prompt ids, completion parsing and suffix ids for one registered tokenizer.
 
-Suffix algorithm (see docs/architecture.md and the brief's "Rendering"): render a short
-synthetic conversation ending in an assistant turn that calls the same tools (real names
-and ids, non-empty reasoning where the template reads it), then the same plus the whole
-tool group with the generation prompt; the suffix is the difference, the first render cut
-after its last end-of-turn token. The completion the model generated ends with that same
-token (it is the stop token), and the suffix text starts right after it; added tokens are
-split off before pre-tokenization, so tokenizing the suffix text alone gives exactly the
-ids the template's own full render has there. If the first render is not a prefix of the
-second, the template rewrote earlier text and we refuse loudly.
-
-Control tokens inside tool output (a program printing "<|im_end|>") are encoded as text,
-never as the control token: that is transformers' ``apply_chat_template(...,
-sanitize_control_tokens=True)``, and our ids equal that render token for token. Without it,
-a tool could forge turn boundaries.
+Suffix algorithm (docs/architecture.md, the brief's "Rendering", REPORT.md §5): render a short
+synthetic conversation ending in an assistant turn that calls the same tools (real names; real
+ids where the template shows them; reasoning where the template needs it), then the same plus
+the whole tool group with the generation prompt. The model's turn ends with the boundary token
+(rules.boundary, the token it stopped on), so the suffix is the second render after that token:
+after its last occurrence in the first render, or (overlap: the template writes the token only
+with the results, GLM's <|observation|>) right after it in the second render, so the token the
+model already emitted is not repeated. Added tokens are split off before pre-tokenization, so
+tokenizing the suffix text alone gives exactly the ids the template's full render has there.
+If the second render does not start with the first up to the cut, the template rewrote earlier
+text and we refuse loudly (SuffixRenderError).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
+import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from jinja2.exceptions import TemplateError
-from transformers.utils.chat_template_utils import (
-    _CONTROL_TOKEN_END,
-    _CONTROL_TOKEN_START,
-    _compile_jinja_template,
-    _get_control_token_patterns,
-    encode_marked_chat,
-    mark_control_tokens,
-)
 
+from tito.types import Message, ToolCall
+
+from . import messages as msgs
+from .budget import fit
 from .errors import SuffixRenderError
 from .families import FamilyRules
-from .parsing import PARSERS
-from tito.types import Message, Role, ToolCall, call_id
-
+from .parsing import RawCall, formats, split_reasoning
+from .template import ChatTemplate
 from .types import ParsedCompletion, SuffixResult
+from .values import tool_index
 
-_SYNTHETIC_USER = {"role": "user", "content": "."}
-_SYNTHETIC_REASONING = "Calling the tools."
+log = logging.getLogger(__name__)
 
-
-def truncation_marker(removed: int) -> str:
-    return f"\n…[{removed} tokens truncated]…\n"
+_CACHE_LIMIT = 1024
+_NO_NAME = "invalid_tool_call"
 
 
 @dataclass(eq=False)
 class RenderingContext:
     fingerprint: str
-    family: str
-    stop_token_ids: list[int]
-    renderer_version: str
-    chat_template: str
-    chat_template_kwargs: dict[str, Any]
     rules: FamilyRules
-    tokenizer: Any  # transformers PreTrainedTokenizerFast loaded from the uploaded files
+    template: ChatTemplate
+    renderer_version: str
     quirks: list[str] = field(default_factory=list)  # found by the golden check, for logs
-    # The template refuses several calls in one assistant message: the synthetic
-    # assistant turn carries only the first (tool results are rendered all the same).
-    single_call_assistant: bool = False
 
     def __post_init__(self) -> None:
-        self._template = _compile_jinja_template(self.chat_template)  # compiled once, shared (lru_cache)
-        self._raw = self.tokenizer.backend_tokenizer  # the tokenizers.Tokenizer: no per-call wrapper overhead
-        self._vocab_size = self._raw.get_vocab_size(with_added_tokens=True)
-        self._template_vars = {**self.tokenizer.special_tokens_map, **self.chat_template_kwargs}
-        self._control_re, self._markers_re = _get_control_token_patterns(
-            self.tokenizer._get_control_tokens(self.chat_template)
-        )
+        t = self.template
+        self.stop_token_ids = [t.token_id(s) for s in self.rules.stop_tokens]
         self._stop_set = frozenset(self.stop_token_ids)
-        self._stop_strings = tuple(self.tokenizer.convert_ids_to_tokens(i) for i in self.stop_token_ids)
-        self._parse = PARSERS[self.rules.parser]
-        self._tools_cache: dict[tuple[str, ...], list[dict]] = {}
-        self._lock = threading.Lock()  # jinja templates are thread-safe; our small caches are guarded
+        self._boundary_id = t.token_id(self.rules.boundary)
+        self._wire = formats()[self.rules.wire]
+        self._head = msgs.head(self.rules.style)
+        self._reasoning = msgs.SYNTHETIC_REASONING if self.rules.style.reasoning_in_synthetic else None
+        self._ids_matter = self._template_reads_ids()
+        self._turns: dict[tuple, tuple] = {}  # (names, ids) -> (synthetic conversation, its render, ids)
+        self._index_of: tuple[Any, dict] = (None, {})
+        self._lock = threading.Lock()
 
-    # ------------------------------------------------------------ low level
+    @property
+    def family(self) -> str:
+        return self.rules.name
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.template.tokenizer
+
+    @property
+    def chat_template_kwargs(self) -> dict[str, Any]:
+        return self.template.kwargs
+
+    # ------------------------------------------------------------ rendering
 
     def render_text(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
-        """The template's text for an already-sanitized conversation."""
-        return self._template.render(
-            messages=messages,
-            tools=tools or None,
-            documents=None,
-            add_generation_prompt=add_generation_prompt,
-            **self._template_vars,
-        )
+        return self.template.render(messages, tools, add_generation_prompt)
 
     def sanitize(self, obj: Any) -> Any:
-        """Mark control-token strings in user-supplied text so they are encoded as text."""
-        return mark_control_tokens(obj, self._control_re)
+        return self.template.sanitize(obj)
 
     def encode(self, text: str) -> list[int]:
-        """Encode rendered (sanitized) template text."""
-        if _CONTROL_TOKEN_START not in text and _CONTROL_TOKEN_END not in text:
-            return self._raw.encode(text, add_special_tokens=False).ids
-        return encode_marked_chat(self.tokenizer, text, self._markers_re)
-
-    def encode_plain(self, text: str) -> list[int]:
-        """Tokens of ``text`` as plain text: control-token strings count as their text tokens."""
-        return self.tokenizer._encode_without_added_tokens(text)
+        return self.template.encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        return self._raw.decode(ids, skip_special_tokens=False)
+        return self.template.decode(ids)
 
-    def render_conversation(
-        self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = False
-    ) -> list[int]:
-        """The template's own token ids for a whole conversation (sanitized, with the kwargs)."""
-        msgs = self.sanitize(_normalize_messages(messages))
-        return self.encode(self.render_text(msgs, self.sanitize(tools), add_generation_prompt))
-
-    # ------------------------------------------------------------ prompt
+    def render_conversation(self, messages: list[dict], tools: list[dict] | None = None,
+                            add_generation_prompt: bool = False) -> list[int]:
+        """The template's own token ids for a whole conversation (sanitized, in this template's shapes)."""
+        conv = self.sanitize(msgs.normalize(messages, self.rules.style))
+        return self.encode(self.render_text(conv, self.sanitize(tools), add_generation_prompt))
 
     def render_prompt(self, messages: list[dict], tools: list[dict]) -> list[int]:
         """The opening conversation with the tools and the generation prompt."""
@@ -126,18 +102,41 @@ class RenderingContext:
 
     # ------------------------------------------------------------ completion
 
-    def parse_completion(self, completion_ids: list[int], seq: int = 0) -> ParsedCompletion:
-        """Decode an assistant turn (the answer to Step `seq`) and parse its tool calls."""
+    def parse_completion(self, completion_ids: list[int], seq: int = 0, tools: Iterable[Any] | None = None
+                         ) -> ParsedCompletion:
+        """Decode an assistant turn (the answer to Step ``seq``) and parse its tool calls.
+
+        ``tools``: the session's tool specs (OpenAI-style dicts or ToolSpec); they type the values of
+        formats that write raw text (XML parameters, GLM, pythonic)."""
+        vocab = self.template.vocab_size
         for i in completion_ids:
-            if not isinstance(i, int) or not 0 <= i < self._vocab_size:
-                raise ValueError(f"token id {i!r} is outside this tokenizer's vocabulary (0..{self._vocab_size - 1})")
+            if not isinstance(i, int) or not 0 <= i < vocab:
+                raise ValueError(f"token id {i!r} is outside this tokenizer's vocabulary (0..{vocab - 1})")
+        rules = self.rules
         stopped = bool(completion_ids) and completion_ids[-1] in self._stop_set
+        on_boundary = stopped and completion_ids[-1] == self._boundary_id
         text = self.decode(list(completion_ids))
-        body = self.decode(list(completion_ids[:-1])) if stopped else text
-        # Harmony calls are delimited by their stop token (<|call|>); the others are parsed without it.
-        content, reasoning, raw_calls = self._parse(text if self.rules.parser == "harmony" else body)
-        calls = [ToolCall(call_id(seq, n), c.name, c.arguments, c.error) for n, c in enumerate(raw_calls)]
-        limit = self.rules.max_calls_per_turn
+        body = text
+        if stopped and not self._wire.delimited_by_stop:
+            stop = self.template.decode([completion_ids[-1]])
+            body = text[: len(text) - len(stop)] if text.endswith(stop) else self.decode(list(completion_ids[:-1]))
+        reasoning = None
+        if rules.reasoning_tags and not self._wire.delimited_by_stop:
+            reasoning, body = split_reasoning(body, *rules.reasoning_tags, prefilled=rules.reasoning_prefilled)
+        try:
+            content, own_reasoning, raw = self._wire.parse(body, self._tool_index(tools))
+        except Exception as e:  # a parser bug must cost the model one error result, never the step
+            log.exception("the %s parser failed on a completion", rules.wire)
+            content, own_reasoning = body, None
+            raw = [RawCall("", "", f"the tool calls could not be read ({type(e).__name__}); write {self._wire.example}")]
+        if rules.calls_need_boundary and stopped and not on_boundary:
+            raw = []  # the model ended the conversation (e.g. GLM <|user|>): nothing runs
+        elif rules.calls_need_boundary and on_boundary and not raw:
+            # The template's next token is already the tool turn: it must get a result.
+            raw = [RawCall("", "", f"the turn ended with {rules.boundary}, which opens tool results, but holds no "
+                                   f"tool call; write {self._wire.example}, or end your answer without calling a tool")]
+        calls = [ToolCall(c.id or rules.style.call_id(seq, n), c.name, c.arguments, c.error) for n, c in enumerate(raw)]
+        limit = rules.max_calls_per_turn
         if limit is not None:
             calls[limit:] = [
                 c if c.error else dataclasses.replace(c, error=(
@@ -145,203 +144,114 @@ class RenderingContext:
                     "Make one call, wait for its result, then make the next."))
                 for c in calls[limit:]
             ]
-        return ParsedCompletion(text=text, content=content, reasoning=reasoning, tool_calls=calls, stopped=stopped)
+        return ParsedCompletion(text=text, content=content, reasoning=reasoning or own_reasoning, tool_calls=calls,
+                                stopped=stopped)
+
+    def _tool_index(self, tools: Iterable[Any] | None) -> dict:
+        if tools is None:
+            return {}
+        held, index = self._index_of
+        if held is not tools:  # one session's tools are one list, passed at every step
+            index = tool_index(tools)
+            self._index_of = (tools, index)
+        return index
 
     # ------------------------------------------------------------ suffix
 
-    def _synthetic_tools(self, names: tuple[str, ...]) -> list[dict]:
-        tools = self._tools_cache.get(names)
-        if tools is None:
-            tools = [
-                {
-                    "type": "function",
-                    "function": {
-                        "name": n,
-                        "description": "",
-                        "parameters": {"type": "object", "properties": {}},
-                    },
-                }
-                for n in dict.fromkeys(names)
-            ]
-            with self._lock:
-                if len(self._tools_cache) > 256:
-                    self._tools_cache.clear()
-                self._tools_cache[names] = tools
-        return tools
-
-    def _synthetic_assistant(self, calls: list[ToolCall]) -> dict:
-        if self.single_call_assistant:
-            calls = calls[:1]
-        tool_calls = []
-        for i, call in enumerate(calls):
+    def _template_reads_ids(self) -> bool:
+        """Whether call ids show in the renders; if not, the synthetic turn uses fixed ids and is cached."""
+        style = self.rules.style
+        renders = []
+        for seq in (0, 1):
+            calls = [(style.call_id(seq, 0), "lookup", {})]
             try:
-                args = json.loads(call.arguments) if call.arguments and not call.error else {}
-            except ValueError:
-                args = {}
-            tool_calls.append(
-                {
-                    "id": call.id or call_id(0, i),
-                    "type": "function",
-                    "function": {"name": call.name or "invalid_tool_call", "arguments": args if isinstance(args, dict) else {}},
-                }
-            )
-        message = {"role": "assistant", "content": "", "tool_calls": tool_calls}
-        if self.rules.reasoning_field:
-            message[self.rules.reasoning_field] = _SYNTHETIC_REASONING
-        return message
+                renders.append(self.render_text(
+                    self._head + [msgs.assistant(style, calls, self._reasoning), msgs.tool("lookup", calls[0][0], "r")],
+                    None, True))
+            except Exception:
+                return True
+        return renders[0] != renders[1]
+
+    def _call_turn(self, tool_calls: Sequence[ToolCall]) -> tuple[list[dict], str, tuple[str, ...]]:
+        """The synthetic conversation through a turn calling these tools (sanitized), its render through the
+        boundary, and the call ids the results must carry; cached by names (and ids, where they show)."""
+        style = self.rules.style
+        calls = list(tool_calls)[: self.rules.max_calls_per_turn or None]
+        names = tuple(c.name or _NO_NAME for c in calls)
+        if self._ids_matter:
+            ids = tuple(c.id or style.call_id(0, i) for i, c in enumerate(calls))
+        else:  # fixed ids for the call turn and the results alike
+            ids = tuple(style.call_id(0, i) for i in range(len(calls)))
+        hit = self._turns.get((names, ids))
+        if hit is not None:
+            return hit
+        turn = msgs.assistant(style, [(i, n, {}) for i, n in zip(ids, names)], self._reasoning)
+        base = self.sanitize(self._head + [turn])
+        first = self.render_text(base, None, False)
+        boundary = self.rules.boundary
+        if self.rules.overlap:
+            prefix = first + boundary
+        else:
+            at = self.template.find_token(first, boundary, last=True)
+            if at < 0:
+                raise SuffixRenderError(
+                    f"the template's call turn has no {boundary} (the token a call turn ends with at registration); "
+                    f"it rendered {first[-200:]!r}")
+            prefix = first[: at + len(boundary)]
+        with self._lock:
+            if len(self._turns) >= _CACHE_LIMIT:
+                self._turns.clear()
+            self._turns[(names, ids)] = (base, prefix, ids)
+        return base, prefix, ids
 
     def suffix_text(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict]) -> str:
         """The suffix as (sanitized) template text; raises SuffixRenderError if not prefix-stable."""
         if not tool_messages:
             raise ValueError("render_suffix needs at least one tool message")
-        base = [_SYNTHETIC_USER, self._synthetic_assistant(tool_calls)]
-        tools = self._synthetic_tools(tuple(c.name or "invalid_tool_call" for c in tool_calls))
-        group = self.sanitize(tool_messages)
         try:
-            first = self.render_text(base, tools, add_generation_prompt=False)
-            second = self.render_text(base + group, tools, add_generation_prompt=True)
+            base, prefix, ids = self._call_turn(tool_calls)
+            if not self._ids_matter:
+                tool_messages = [dict(m, tool_call_id=ids[i]) if i < len(ids) else m
+                                 for i, m in enumerate(tool_messages)]
+            second = self.render_text(base + self.sanitize(tool_messages), None, True)
         except TemplateError as e:
             raise SuffixRenderError(f"the chat template refused the tool turn: {e}") from e
-        cut = max((first.rfind(s) + len(s) if s in first else -1) for s in self._stop_strings)
-        if cut < 0:
-            raise SuffixRenderError(
-                f"the template's assistant tool-call turn has no end-of-turn token ({', '.join(self._stop_strings)}); "
-                "cannot tell where the model's completion ends"
-            )
-        if not second.startswith(first[:cut]):
-            at = next(i for i, (a, b) in enumerate(zip(first[:cut], second)) if a != b) if second else 0
+        if not second.startswith(prefix):
+            at = next((i for i, (a, b) in enumerate(zip(prefix, second)) if a != b), min(len(prefix), len(second)))
             raise SuffixRenderError(
                 "the chat template is not prefix-stable here: adding the tool results changed how the earlier "
-                f"turns render (first difference at char {at}: {first[at:at + 60]!r} vs {second[at:at + 60]!r}); "
-                "refusing rather than returning ids the trainer would train on"
-            )
-        return second[cut:]
+                f"turns render (first difference at char {at}: {prefix[at:at + 60]!r} vs {second[at:at + 60]!r}); "
+                "refusing rather than returning ids the trainer would train on")
+        return second[len(prefix):]
 
-    def _suffix_ids(self, tool_calls: list[ToolCall], tool_messages: list[dict]) -> list[int]:
-        return self.encode(self.suffix_text(tool_calls, tool_messages))
+    def _suffix_ids(self, tool_calls: Sequence[ToolCall], group: list[dict]) -> list[int]:
+        return self.encode(self.suffix_text(tool_calls, group))
 
-    def render_suffix(
-        self,
-        tool_calls: Sequence[ToolCall],
-        tool_messages: Sequence[Message | dict],
-        max_suffix_tokens: int | None,
-    ) -> SuffixResult:
+    def render_suffix(self, tool_calls: Sequence[ToolCall], tool_messages: Sequence[Message | dict],
+                      max_suffix_tokens: int | None) -> SuffixResult:
         """Suffix ids for one tool group, cut to ``max_suffix_tokens`` (None: no limit; 0 is a budget)."""
-        messages = _tool_group(tool_calls, tool_messages)
-        ids = self._suffix_ids(tool_calls, messages)
+        group = msgs.tool_group(tool_calls, tool_messages)
+        ids = self._suffix_ids(tool_calls, group)
         if max_suffix_tokens is None or len(ids) <= max_suffix_tokens:
-            return SuffixResult(ids=ids, truncated=False, overflow=False, tool_messages=_as_messages(messages))
-        return self._fit(tool_calls, messages, max_suffix_tokens)
+            return SuffixResult(ids=ids, truncated=False, overflow=False, tool_messages=msgs.as_messages(group))
+        return fit(self.template, group, max_suffix_tokens, lambda cut: self._suffix_ids(tool_calls, cut))
 
-    def _fit(self, tool_calls: list[ToolCall], messages: list[dict], budget: int) -> SuffixResult:
-        """Cut tool outputs at token level (head + marker + tail) until the suffix fits."""
-        contents = [self.encode_plain(m["content"]) for m in messages]
-        lengths = [len(c) for c in contents]
+    # ------------------------------------------------------------ the model's turn, as the template writes it
 
-        def build(keeps: list[int]) -> tuple[list[dict], int]:
-            out, removed_total = [], 0
-            for m, ids, keep in zip(messages, contents, keeps):
-                m = dict(m)
-                if keep < len(ids):
-                    removed = len(ids) - keep
-                    head, tail = (keep + 1) // 2, keep // 2
-                    m["content"] = (
-                        self._decode_clean(ids[:head], "head")
-                        + truncation_marker(removed)
-                        + self._decode_clean(ids[len(ids) - tail :] if tail else [], "tail")
-                    )
-                    removed_total += removed
-                out.append(m)
-            return out, removed_total
-
-        minimal, removed_all = build([0] * len(messages))
-        minimal_ids = self._suffix_ids(tool_calls, minimal)
-        if len(minimal_ids) > budget:
-            return SuffixResult(ids=[], truncated=False, overflow=True, tool_messages=_as_messages(messages))
-        slack = budget - len(minimal_ids)
-        for _ in range(8):
-            keeps = _water_fill(lengths, slack)
-            cut, removed = build(keeps)
-            ids = self._suffix_ids(tool_calls, cut)
-            if len(ids) <= budget:
-                return SuffixResult(
-                    ids=ids, truncated=True, overflow=False, tool_messages=_as_messages(cut), removed_tokens=removed
-                )
-            slack -= len(ids) - budget  # re-tokenization at the cut can cost a few tokens more
-            if slack <= 0:
-                break
-        return SuffixResult(
-            ids=minimal_ids,
-            truncated=True,
-            overflow=False,
-            tool_messages=_as_messages(minimal),
-            removed_tokens=removed_all,
-        )
-
-    def _decode_clean(self, ids: list[int], side: str) -> str:
-        """Decode a head/tail slice, dropping tokens that hold only part of a UTF-8 character."""
-        while ids:
-            text = self._raw.decode(ids, skip_special_tokens=False)
-            bad = text.endswith("\ufffd") if side == "head" else text.startswith("\ufffd")
-            if not bad:
-                return text
-            ids = ids[:-1] if side == "head" else ids[1:]
-        return ""
-
-
-def _water_fill(lengths: list[int], total: int) -> list[int]:
-    """Largest per-message cap c with sum(min(len, c)) <= total; short outputs stay whole."""
-    if sum(lengths) <= total:
-        return list(lengths)
-    lo, hi = 0, max(lengths)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if sum(min(n, mid) for n in lengths) <= total:
-            lo = mid
-        else:
-            hi = mid - 1
-    return [min(n, lo) for n in lengths]
-
-
-def _tool_group(tool_calls: Sequence[ToolCall], tool_messages: Sequence[Message | dict]) -> list[dict]:
-    """The tool messages as the template reads them (plain dicts), names and ids filled from the calls."""
-    out = []
-    for i, m in enumerate(tool_messages):
-        m = Message.coerce(m if isinstance(m, Message) else {"role": "tool", **m})
-        call = tool_calls[i] if i < len(tool_calls) else None
-        out.append(
-            {
-                "role": "tool",
-                "content": m.content,
-                "name": m.name or (call.name if call else ""),
-                "tool_call_id": m.tool_call_id or (call.id if call else ""),
-            }
-        )
-    return out
-
-
-def _as_messages(group: list[dict]) -> tuple[Message, ...]:
-    return tuple(Message(role=Role.TOOL, content=m["content"], name=m["name"], tool_call_id=m["tool_call_id"])
-                 for m in group)
-
-
-def _normalize_messages(messages: list[dict]) -> list[dict]:
-    """Copy messages; tool-call arguments given as JSON text become objects (templates tojson them)."""
-    out = []
-    for m in messages:
-        m = copy.deepcopy(dict(m))
-        m = {k: v for k, v in m.items() if not (k in ("tool_calls", "reasoning_content", "name", "tool_call_id") and not v)}
-        if m.get("tool_calls"):
-            calls = []
-            for c in m["tool_calls"]:
-                c = dict(c)
-                fn = dict(c.get("function") or {"name": c.get("name"), "arguments": c.get("arguments")})
-                if isinstance(fn.get("arguments"), str):
-                    try:
-                        fn["arguments"] = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
-                    except ValueError:
-                        pass
-                calls.append({"id": c.get("id"), "type": "function", "function": fn})
-            m["tool_calls"] = calls
-        out.append(m)
-    return out
+    def completion_text(self, conversation: list[dict], turn: dict, tools: list[dict] | None) -> str:
+        """The assistant ``turn`` as the model generates it after ``conversation``'s generation prompt:
+        the template's render of the turn (from where it leaves the generation prompt) through the boundary
+        (a call turn) or the token that ends an answer. Used by the golden check, tests and benches."""
+        conv = self.sanitize(msgs.normalize(conversation, self.rules.style))
+        before = self.render_text(conv, self.sanitize(tools), True)
+        after = self.render_text(conv + self.sanitize(msgs.normalize([turn], self.rules.style)),
+                                 self.sanitize(tools), False)
+        text = after[self.template.turn_start(before, after):]
+        find = self.template.find_token
+        if turn.get("tool_calls"):
+            if self.rules.overlap:
+                return text + self.rules.boundary
+            return text[: find(text, self.rules.boundary, last=True) + len(self.rules.boundary)]
+        end = self.rules.answer_end
+        at = find(text, end)
+        return text[: at + len(end)] if at >= 0 else text + end  # GLM closes an answer only when a user follows

@@ -11,6 +11,10 @@ class InvalidTokenizerFilesError(RenderingError, ValueError):
     """The uploaded tokenizer files cannot be loaded (missing, not JSON, not a tokenizer)."""
 
 
+class UploadTooLargeError(InvalidTokenizerFilesError):
+    """The uploaded tokenizer files exceed the server's max_tokenizer_bytes (RESOURCE_EXHAUSTED)."""
+
+
 class UnsupportedTemplateError(RenderingError):
     """The chat template cannot be rendered token-exactly by this renderer.
 

@@ -1,93 +1,83 @@
-"""Per-family rules: how a template family ends turns, writes calls and reasoning.
+"""What registration decides about a template: its family rules, found by trial renders, never by name.
 
-The suffix algorithm itself is generic (diff of two renders of a synthetic conversation);
-a family only says which tokens end an assistant turn (stop tokens, where the first render
-is cut), how to parse calls, and which message field carries reasoning. Families the
-renderer cannot support are refused here with the reason.
+``FamilyRules`` is the outcome of the registration probe (probe.py): the wire format the template
+writes calls in, the tokens that end an assistant turn (derived from the template's own renders),
+which of them ends a turn that calls tools (the boundary), whether that token is also the first
+token of the tool turn, and how synthetic messages must look for the template to render them
+(``MessageStyle``). The suffix algorithm itself is generic (context.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .errors import UnsupportedTemplateError
+from tito.types import call_id
+
+# Family labels by wire format (RegisterTokenizerResponse.template_family).
+LABELS = {
+    "hermes": "qwen",
+    "xml": "qwen-xml",
+    "arg_kv": "glm",
+    "deepseek": "deepseek",
+    "gemma4": "gemma4",
+    "pythonic": "pythonic",
+    "pythonic_raw": "pythonic",
+    "llama3": "llama3",
+    "harmony": "gptoss",
+}
+
+
+def alnum9_id(seq: int, index: int) -> str:
+    """A 9-character alphanumeric call id (Mistral's templates refuse any other), unique per step and call."""
+    return f"c{seq % 10**5:05d}x{index % 100:02d}"
+
+
+ID_STYLES = {"tito": call_id, "alnum9": alnum9_id}
+
+
+@dataclass(frozen=True)
+class MessageStyle:
+    """How messages must look for this template to render them (found by trial renders)."""
+
+    json_args: bool = False  # tool-call arguments as JSON text, not a mapping (DeepSeek V3 concatenates them)
+    content_none: bool = False  # an assistant turn with calls has content None, not "" (no trl template)
+    system: bool = False  # the template refuses a conversation without a system message
+    ids: str = "tito"  # key of ID_STYLES
+    reasoning_field: str | None = None  # the message field the template reads reasoning from
+    # The synthetic call turn carries reasoning: without it the template renders the turn
+    # differently once it is no longer last (Qwen3 drops an empty thinking block).
+    reasoning_in_synthetic: bool = False
+
+    def call_id(self, seq: int, index: int) -> str:
+        return ID_STYLES[self.ids](seq, index)
 
 
 @dataclass(frozen=True)
 class FamilyRules:
-    name: str
-    stop_tokens: tuple[str, ...]  # generation stops on these; the first render is cut after the last one
-    parser: str  # key of parsing.PARSERS
-    reasoning_field: str | None  # message field the template reads reasoning from
-    # The template renders at most this many calls per assistant message (None: any number).
-    max_calls_per_turn: int | None = None
-    notes: str = ""
+    name: str  # label for humans and RegisterTokenizerResponse.template_family
+    wire: str  # key of parsing.formats()
+    stop_tokens: tuple[str, ...]  # generation stops on these (boundary first)
+    boundary: str  # the token that ends an assistant turn that calls tools
+    answer_end: str = ""  # the token that ends an answer (GLM writes none: the next role token, <|user|>)
+    # The template writes the boundary only with the tool turn (GLM's <|observation|>): the suffix
+    # starts after the token the model already emitted, found in the render with the results.
+    overlap: bool = False
+    # Tools run only when a completion ends with the boundary: it differs from the token that ends
+    # an answer (GLM, Gemma 4, gpt-oss), so a turn ended otherwise ended the conversation.
+    calls_need_boundary: bool = False
+    opens_results: bool = False  # the boundary is the tool turn's first token (for reports)
+    reasoning_tags: tuple[str, str] | None = None  # (open, close) around reasoning in a completion
+    reasoning_prefilled: bool = False  # the generation prompt already opened the reasoning block
+    max_calls_per_turn: int | None = None  # the template renders at most this many calls per message
+    style: MessageStyle = field(default_factory=MessageStyle)
+    notes: tuple[str, ...] = ()
 
-
-QWEN = FamilyRules(
-    name="qwen",
-    stop_tokens=("<|im_end|>", "<|endoftext|>"),
-    parser="hermes",
-    reasoning_field="reasoning_content",
-    notes="ChatML with Hermes <tool_call> JSON; parallel results are one user turn of <tool_response> blocks.",
-)
-LLAMA3 = FamilyRules(
-    name="llama3",
-    stop_tokens=("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"),
-    parser="llama3",
-    reasoning_field=None,
-    max_calls_per_turn=1,
-    notes=(
-        "Llama 3.1's template raises on more than one call per assistant message; extra calls are "
-        "answered with an error, and each tool result is its own ipython turn."
-    ),
-)
-GPTOSS = FamilyRules(
-    name="gptoss",
-    # <|end|> closes a message but not the turn: the model goes on (analysis, then the call).
-    stop_tokens=("<|call|>", "<|return|>"),
-    parser="harmony",
-    reasoning_field="thinking",
-    max_calls_per_turn=1,
-    notes=(
-        "Harmony: one call per assistant message (<|call|> stops generation); the tool turn is "
-        "<|start|>functions.NAME to=assistant..., so the synthetic call must carry the real tool name."
-    ),
-)
-
-
-def detect_family(template: str, eos_token: str | None) -> FamilyRules:
-    """The family of a chat template, or UnsupportedTemplateError with the reason."""
-    if "<|observation|>" in template:
-        raise UnsupportedTemplateError(
-            "GLM-style template: the tool message opens with <|observation|>, which is also the token "
-            "the model stops on, and the assistant turn has no end token, so 'cut the first render "
-            "after its last end-of-turn token' would drop the model's own stop token from the suffix "
-            "boundary. This renderer version does not support GLM templates; use a Qwen, Llama 3.1 "
-            "or GPT-OSS template, or send parsed tool_calls without a tokenizer fingerprint."
-        )
-    if "<|channel|>" in template and "<|start|>" in template:
-        return GPTOSS
-    if "<|start_header_id|>" in template:
-        return LLAMA3
-    if "<|im_start|>" in template:
-        if "<function=" in template:
-            raise UnsupportedTemplateError(
-                "this ChatML template writes tool calls as XML (<tool_call><function=NAME><parameter=...>, "
-                "Qwen3.5/3.6 style); this renderer version parses only JSON tool calls "
-                '(<tool_call>{"name": ..., "arguments": ...}</tool_call>). Use a Qwen2.5/Qwen3 template '
-                "or send parsed tool_calls."
-            )
-        return QWEN
-    if not eos_token:
-        raise UnsupportedTemplateError(
-            "unrecognised chat template family and tokenizer_config.json names no eos_token, so the "
-            "end of an assistant turn is unknown; set eos_token to the token that ends an assistant turn"
-        )
-    return FamilyRules(
-        name="generic",
-        stop_tokens=(eos_token,),
-        parser="hermes",
-        reasoning_field="reasoning_content" if "reasoning_content" in template else None,
-        notes="unrecognised family: eos_token ends turns, Hermes <tool_call> JSON parsing",
-    )
+    def describe(self) -> str:
+        parts = [f"family {self.name}", f"wire format {self.wire}", f"stops {', '.join(self.stop_tokens)}",
+                 f"call turns end with {self.boundary}" + (" (it also opens the tool results)" if self.opens_results
+                                                            else "")]
+        if self.max_calls_per_turn:
+            parts.append(f"at most {self.max_calls_per_turn} call per turn")
+        if self.style.json_args:
+            parts.append("arguments as JSON text")
+        return "; ".join(parts)

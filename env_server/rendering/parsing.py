@@ -1,25 +1,40 @@
-"""Tool-call parsing of decoded completions, one parser per call format.
+"""Tool-call parsing: what every wire format shares, and the registry of wire formats.
 
-Why not only ``transformers``' ``parse_response``: its response templates decode the
-arguments into Python objects (the JSON text the model wrote is lost, and the trainer's
-contract is "arguments: the JSON text as written"), and one malformed call makes the whole
-parse raise, while we must answer each malformed call with a tool message saying what was
-wrong. Its templates also miss GPT-OSS's ``<|channel|>commentary to=functions.X`` order
-that the model actually emits. The tests cross-check these parsers against
-``parse_response`` on well-formed output.
+Why our own parsers and not ``transformers``' ``parse_response`` at run time (measured in
+/work/research-families/REPORT.md §3): its response templates decode the arguments into Python
+objects, so the JSON text the model wrote is lost (the trainer's contract is "arguments: the
+JSON text as written"); one malformed call makes the whole message fail, while each malformed
+call must get its own tool message saying what was wrong; it strips whitespace from XML/GLM
+values (code loses its trailing newline), cannot see closers inside strings (an LFM ``)`` or an
+XML ``</parameter>`` inside a value cuts it), misses gpt-oss's real header order and GLM-4.7's
+newline-free form, and covers nothing for DeepSeek. It is right on well-formed Hermes, Llama 3
+and Gemma 4 output, so the tests use it as an oracle there; its schema typing rules
+(``_coerce``) are reused as is (values.py), and so is its JSON-dialect reader for Gemma 4.
 
-Formats:
-- ``hermes`` (Qwen2.5/Qwen3 and the default): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-- ``llama3``: the whole answer is ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``)
-- ``harmony`` (GPT-OSS): ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>``
+So there is one parser per wire format, not per family; a family is a configuration of one:
+- ``parse_json``: JSON in markers: ``hermes`` (Qwen2.5/3 ``<tool_call>``), ``llama3`` (bare
+  ``{"name", "parameters"}``), ``deepseek`` (``<｜tool▁call▁begin｜>`` markers, fenced JSON),
+  ``gemma4`` (``<|tool_call>call:NAME{...}`` in Gemma's JSON dialect);
+- ``parse_xml``: ``xml`` (``<function=NAME><parameter=K>`` of Qwen3.5+/Nemotron 3, and the
+  ``<atem:invoke name=..>`` attribute syntax) and ``arg_kv`` (GLM ``<arg_key>/<arg_value>``);
+- ``parse_pythonic``: ``pythonic`` and ``pythonic_raw`` (LFM2 ``[f(a='x')]``, read with ``ast``, never
+  ``eval``; Python string literals, or the LFM2.5 template's unescaped ones);
+- ``parse_harmony``: ``harmony`` (gpt-oss channels).
+
+A parser takes the completion text without its stop token (harmony keeps it: ``<|call|>``
+delimits a call) and with reasoning already split off, plus the session's tools (to type raw
+values), and returns ``(content, reasoning, calls)``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from json.decoder import scanstring
+
+from .values import ToolIndex
 
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
@@ -32,6 +47,18 @@ class RawCall:
     name: str
     arguments: str
     error: str | None = None
+    id: str = ""  # the call id the model wrote, in formats that carry one (Mistral-style "id")
+
+
+Parsed = tuple[str, "str | None", list[RawCall]]
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    name: str
+    parse: Callable[[str, ToolIndex | None], Parsed]
+    example: str  # what a well-formed call looks like, for error messages
+    delimited_by_stop: bool = False  # the stop token is part of the call (harmony's <|call|>)
 
 
 def json_object_spans(text: str) -> dict[str, tuple[object, str]]:
@@ -76,8 +103,18 @@ def json_object_spans(text: str) -> dict[str, tuple[object, str]]:
     return out
 
 
-def _short(text: str, limit: int = 200) -> str:
+def short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
+
+
+def arguments_object_text(text: str, example: str) -> tuple[str, str | None]:
+    """(the arguments JSON text as written, error): it must be one JSON object."""
+    body = text.strip()
+    try:
+        json_object_spans(body)
+    except ValueError as e:
+        return "", f"the arguments are not valid JSON ({e}): {short(body)}; write {example}"
+    return body, None
 
 
 def _arguments_text(fields: dict[str, tuple[object, str]], keys: tuple[str, ...]) -> tuple[str | None, str | None]:
@@ -96,7 +133,7 @@ def _arguments_text(fields: dict[str, tuple[object, str]], keys: tuple[str, ...]
                 inner = None
             if isinstance(inner, dict):
                 return value, None
-        return None, f'"{key}" must be a JSON object of arguments, got {_short(raw)}'
+        return None, f'"{key}" must be a JSON object of arguments, got {short(raw)}'
     return "{}", None
 
 
@@ -105,24 +142,22 @@ def call_from_json(body: str, arg_keys: tuple[str, ...], example: str) -> RawCal
     try:
         fields = json_object_spans(body)
     except ValueError as e:
-        return RawCall("", "", f"the tool call is not valid JSON ({e}): {_short(body.strip())}; write {example}")
+        return RawCall("", "", f"the tool call is not valid JSON ({e}): {short(body.strip())}; write {example}")
     name = fields.get("name", (None, ""))[0]
     if not isinstance(name, str) or not name.strip():
-        return RawCall("", "", f'the tool call has no "name" string: {_short(body.strip())}; write {example}')
+        return RawCall("", "", f'the tool call has no "name" string: {short(body.strip())}; write {example}')
     arguments, error = _arguments_text(fields, arg_keys)
     if error:
         return RawCall(name, "", f"{error}; write {example}")
-    return RawCall(name, arguments or "{}", None)
+    written_id = fields.get("id", ("", ""))[0]
+    return RawCall(name, arguments or "{}", None, written_id if isinstance(written_id, str) else "")
 
 
-# ---------------------------------------------------------------- hermes / qwen
-
-_HERMES_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
-_HERMES_EXAMPLE = '<tool_call>\n{"name": "<tool name>", "arguments": {...}}\n</tool_call>'
-
-
-def split_reasoning(text: str, open_tag: str = "<think>", close_tag: str = "</think>") -> tuple[str | None, str]:
-    """(reasoning, rest). A lone close tag means the prompt opened the block (e.g. Qwen3 prefills)."""
+def split_reasoning(text: str, open_tag: str, close_tag: str, prefilled: bool = True) -> tuple[str | None, str]:
+    """(reasoning, rest). A lone close tag means the prompt opened the block (``prefilled``: the
+    generation prompt ends with the open tag, e.g. Qwen3.5's '<think>\n'); otherwise it is text."""
+    if not prefilled and open_tag not in text:
+        return None, text
     if close_tag not in text:
         if open_tag in text:  # reasoning never closed (cut by length): all of it is reasoning
             before, _, after = text.partition(open_tag)
@@ -133,91 +168,51 @@ def split_reasoning(text: str, open_tag: str = "<think>", close_tag: str = "</th
     return reasoning.strip("\n"), rest
 
 
-def parse_hermes(text: str) -> tuple[str, str | None, list[RawCall]]:
-    reasoning, rest = split_reasoning(text)
-    calls = []
-    for m in _HERMES_CALL.finditer(rest):
-        if not m.group(0).endswith("</tool_call>"):
-            calls.append(RawCall("", "", f"a <tool_call> was not closed with </tool_call>; write {_HERMES_EXAMPLE}"))
+def blocks(text: str, open_tag: str, close_tag: str) -> list[tuple[int, int, int]]:
+    """``(start, body_end, end)`` of each ``open_tag ... close_tag`` block; an unclosed one runs to the end
+    (``body_end == end == len(text)``, which callers report as not closed)."""
+    out, pos = [], 0
+    while (start := text.find(open_tag, pos)) >= 0:
+        close = text.find(close_tag, start + len(open_tag))
+        if close < 0:
+            out.append((start, len(text), len(text)))
+            break
+        out.append((start, close, close + len(close_tag)))
+        pos = close + len(close_tag)
+    return out
+
+
+def read_blocks(text: str, open_tag: str, close_tag: str, example: str,
+                read: Callable[[str], RawCall | list[RawCall]],
+                spans: list[tuple[int, int, int]] | None = None) -> tuple[str, list[RawCall]]:
+    """(the text outside the blocks, the calls ``read`` finds in each block body); an unclosed block is a
+    malformed call. ``spans``: the blocks, when the format finds them its own way."""
+    spans = blocks(text, open_tag, close_tag) if spans is None else spans
+    calls: list[RawCall] = []
+    for start, body_end, end in spans:
+        if body_end == end:
+            calls.append(RawCall("", "", f"a tool call ({open_tag}) was not closed with {close_tag}; write {example}"))
             continue
-        calls.append(call_from_json(m.group(1), ("arguments", "parameters"), _HERMES_EXAMPLE))
-    content = _HERMES_CALL.sub("", rest).strip()
-    return content, reasoning, calls
+        found = read(text[start + len(open_tag):body_end])
+        calls.extend(found if isinstance(found, list) else [found])
+    return outside(text, spans), calls
 
 
-# ---------------------------------------------------------------- llama 3.x JSON
-
-_LLAMA_EXAMPLE = '{"name": "<tool name>", "parameters": {...}}'
-
-
-def parse_llama3(text: str) -> tuple[str, str | None, list[RawCall]]:
-    body = text.strip()
-    if body.startswith("<|python_tag|>"):
-        body = body[len("<|python_tag|>") :].strip()
-    elif not body.startswith("{"):
-        return text.strip(), None, []
-    calls: list[RawCall] = []
-    # One call per JSON object; several may be separated by ';' or newlines.
-    pos = 0
-    while pos < len(body):
-        pos = _WS.match(body, pos).end()
-        if pos >= len(body):
-            break
-        try:
-            _, end = _DECODER.raw_decode(body, pos)
-        except (json.JSONDecodeError, RecursionError):
-            calls.append(call_from_json(body[pos:], ("parameters", "arguments"), _LLAMA_EXAMPLE))
-            break
-        calls.append(call_from_json(body[pos:end], ("parameters", "arguments"), _LLAMA_EXAMPLE))
-        pos = _WS.match(body, end).end()
-        if pos < len(body) and body[pos] == ";":
-            pos += 1
-    return "", None, calls
+def outside(text: str, spans: list[tuple[int, int, int]]) -> str:
+    """The text outside the given blocks, stripped (the visible answer)."""
+    parts, pos = [], 0
+    for start, _, end in spans:
+        parts.append(text[pos:start])
+        pos = end
+    parts.append(text[pos:])
+    return "".join(parts).strip()
 
 
-# ---------------------------------------------------------------- harmony (gpt-oss)
+def formats() -> dict[str, WireFormat]:
+    """Every wire format, in the order registration tries them."""
+    from .parse_harmony import HARMONY
+    from .parse_json import DEEPSEEK, GEMMA4, HERMES, LLAMA3
+    from .parse_pythonic import PYTHONIC, PYTHONIC_RAW
+    from .parse_xml import ARG_KV, XML
 
-_HARMONY_MSG = re.compile(
-    r"(?:<\|start\|>)?(?P<header>[^<]*(?:<\|channel\|>[^<]*)?(?:<\|constrain\|>[^<]*)?)<\|message\|>"
-    r"(?P<body>.*?)(?P<end><\|end\|>|<\|call\|>|<\|return\|>|\Z)",
-    re.DOTALL,
-)
-_RECIPIENT = re.compile(r"\bto=(\S+?)(?=<|\s|$)")
-_CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
-_HARMONY_EXAMPLE = "<|channel|>commentary to=functions.<tool name> <|constrain|>json<|message|>{...}<|call|>"
-
-
-def parse_harmony(text: str) -> tuple[str, str | None, list[RawCall]]:
-    reasoning: list[str] = []
-    content: list[str] = []
-    calls: list[RawCall] = []
-    for m in _HARMONY_MSG.finditer(text):
-        header, body = m.group("header"), m.group("body")
-        channel_match = _CHANNEL.search(header)
-        channel = channel_match.group(1) if channel_match else ""
-        recipient_match = _RECIPIENT.search(header)
-        if recipient_match:
-            name = recipient_match.group(1)
-            name = name[len("functions.") :] if name.startswith("functions.") else name
-            if m.group("end") != "<|call|>":
-                calls.append(RawCall(name, "", f"the call to {name} did not end with <|call|>; write {_HARMONY_EXAMPLE}"))
-                continue
-            try:
-                value = json.loads(body)
-            except (ValueError, RecursionError) as e:
-                calls.append(
-                    RawCall(name, "", f"the arguments are not valid JSON ({e}): {_short(body)}; write {_HARMONY_EXAMPLE}")
-                )
-                continue
-            if not isinstance(value, dict):
-                calls.append(RawCall(name, "", f"the arguments must be a JSON object, got {_short(body)}"))
-                continue
-            calls.append(RawCall(name, body.strip(), None))
-        elif channel == "analysis":
-            reasoning.append(body)
-        else:
-            content.append(body)
-    return "".join(content).strip(), ("\n".join(reasoning) if reasoning else None), calls
-
-
-PARSERS = {"hermes": parse_hermes, "llama3": parse_llama3, "harmony": parse_harmony}
+    return {f.name: f for f in (HARMONY, GEMMA4, DEEPSEEK, ARG_KV, PYTHONIC, PYTHONIC_RAW, XML, LLAMA3, HERMES)}

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import logging
 import os
 import tempfile
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,14 +25,16 @@ from tito.fingerprint import (
 )
 
 from .context import RenderingContext
-from .errors import InvalidTokenizerFilesError, RenderingError, UnsupportedTemplateError
-from .families import detect_family
+from .errors import InvalidTokenizerFilesError, RenderingError, UnsupportedTemplateError, UploadTooLargeError
 from .golden import golden_check
+from .probe import decide
+from .template import ChatTemplate
 
 log = logging.getLogger(__name__)
 
 ALLOWED_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, CHAT_TEMPLATE_FILE, "special_tokens_map.json")
-MAX_FILE_BYTES = 64 << 20
+# Real tokenizer.json files reach ~40 MB compact (large vocabularies, e.g. Gemma's 262k tokens).
+DEFAULT_MAX_UPLOAD_BYTES = 128 << 20
 
 
 @dataclass
@@ -37,13 +42,18 @@ class TokenizerRegistry:
     """Registered tokenizers by fingerprint; an LRU bounded to ``max_entries``."""
 
     max_entries: int = 16
+    # All uploaded files together; the server's max_tokenizer_bytes (TITO_MAX_TOKENIZER_BYTES).
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     _entries: OrderedDict[str, RenderingContext] = field(default_factory=OrderedDict, repr=False)
+    # Loaded tokenizers by their files other than the chat template: registering the same model with
+    # another template or other kwargs skips the slow load (seconds for a 150k vocabulary).
+    _loaded: OrderedDict[str, Any] = field(default_factory=OrderedDict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def register(self, files: dict[str, bytes], chat_template_kwargs: dict | None = None) -> RenderingContext:
         """Load, check and cache; idempotent by content (same files + kwargs -> same context)."""
         kwargs = dict(chat_template_kwargs or {})
-        files = _check_files(files)
+        files = _check_files(files, self.max_upload_bytes)
         try:
             fingerprint = compute_fingerprint(files, kwargs, RENDERER_VERSION)
         except (ValueError, UnicodeDecodeError) as e:
@@ -55,7 +65,7 @@ class TokenizerRegistry:
             if ctx is not None:
                 self._entries.move_to_end(fingerprint)
                 return ctx
-        ctx = build_context(files, kwargs, fingerprint)
+        ctx = build_context(files, kwargs, fingerprint, self._tokenizer)
         with self._lock:
             self._entries[fingerprint] = ctx
             self._entries.move_to_end(fingerprint)
@@ -63,6 +73,28 @@ class TokenizerRegistry:
                 evicted, _ = self._entries.popitem(last=False)
                 log.info("tokenizer %s evicted from the registry (LRU, max %d)", evicted[:12], self.max_entries)
         return ctx
+
+    def _tokenizer(self, files: dict[str, bytes]) -> Any:
+        digest = hashlib.sha256()
+        for name in sorted(set(files) - {CHAT_TEMPLATE_FILE}):
+            digest.update(name.encode() + b"\0" + len(files[name]).to_bytes(8, "big") + files[name])
+        key = digest.hexdigest()
+        with self._lock:
+            tokenizer = self._loaded.get(key)
+            if tokenizer is not None:
+                self._loaded.move_to_end(key)
+        if tokenizer is not None:
+            # A shallow copy shares the loaded vocabulary; its own chat_template keeps
+            # ctx.tokenizer.apply_chat_template rendering this upload's template.
+            tokenizer = copy.copy(tokenizer)
+            tokenizer.chat_template = resolve_chat_template(files)
+            return tokenizer
+        tokenizer = _load_tokenizer(files)
+        with self._lock:
+            self._loaded[key] = tokenizer
+            while len(self._loaded) > max(1, self.max_entries):
+                self._loaded.popitem(last=False)
+        return tokenizer
 
     def get(self, fingerprint: str) -> RenderingContext | None:
         with self._lock:
@@ -78,7 +110,7 @@ class TokenizerRegistry:
         return fingerprint in self._entries
 
 
-def _check_files(files: dict[str, bytes]) -> dict[str, bytes]:
+def _check_files(files: dict[str, bytes], limit: int) -> dict[str, bytes]:
     if not isinstance(files, dict) or TOKENIZER_FILE not in files:
         raise InvalidTokenizerFilesError(
             f"{TOKENIZER_FILE} is required (got: {', '.join(sorted(files)) or 'no files'}); upload the "
@@ -90,12 +122,14 @@ def _check_files(files: dict[str, bytes]) -> dict[str, bytes]:
             f"unexpected tokenizer file(s) {unknown}; allowed: {', '.join(ALLOWED_FILES)} "
             "(only a fast tokenizer.json is supported, no slow-tokenizer vocab files)"
         )
-    out = {}
-    for name, data in files.items():
-        data = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-        if len(data) > MAX_FILE_BYTES:
-            raise InvalidTokenizerFilesError(f"{name} is {len(data)} bytes, over the {MAX_FILE_BYTES} byte limit")
-        out[name] = data
+    out = {name: data.encode("utf-8") if isinstance(data, str) else bytes(data) for name, data in files.items()}
+    total = sum(len(d) for d in out.values())
+    if total > limit:
+        sizes = ", ".join(f"{n} {len(d)}" for n, d in sorted(out.items()))
+        raise UploadTooLargeError(
+            f"the tokenizer files are {total} bytes ({sizes}), over this server's limit of {limit} bytes; "
+            "raise the server setting max_tokenizer_bytes (TITO_MAX_TOKENIZER_BYTES), or upload tokenizer.json "
+            "without indentation (tito.tokenizer_files does)")
     return out
 
 
@@ -116,7 +150,8 @@ def _load_tokenizer(files: dict[str, bytes]):
             ) from e
 
 
-def build_context(files: dict[str, bytes], kwargs: dict[str, Any], fingerprint: str) -> RenderingContext:
+def build_context(files: dict[str, bytes], kwargs: dict[str, Any], fingerprint: str,
+                  load: Callable[[dict[str, bytes]], Any] | None = None) -> RenderingContext:
     try:
         template = resolve_chat_template(files)
     except (ValueError, UnicodeDecodeError) as e:
@@ -130,42 +165,30 @@ def build_context(files: dict[str, bytes], kwargs: dict[str, Any], fingerprint: 
         json.dumps(kwargs)
     except TypeError as e:
         raise InvalidTokenizerFilesError(f"chat_template_kwargs must be JSON: {e}") from e
-    tokenizer = _load_tokenizer(files)
-    rules = detect_family(template, tokenizer.eos_token)
-    stop_ids = []
-    for token in rules.stop_tokens:
-        token_id = tokenizer.convert_tokens_to_ids(token)
-        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id and token_id is not None:
-            if tokenizer.convert_ids_to_tokens(token_id) == token:
-                stop_ids.append(token_id)
-    if not stop_ids:
-        raise UnsupportedTemplateError(
-            f"the {rules.name} template ends assistant turns with {' or '.join(rules.stop_tokens)}, but the "
-            "tokenizer has none of these as a token; upload the tokenizer that belongs to this template"
-        )
+    tokenizer = (load or _load_tokenizer)(files)
     try:
-        ctx = RenderingContext(
-            fingerprint=fingerprint,
-            family=rules.name,
-            stop_token_ids=stop_ids,
-            renderer_version=RENDERER_VERSION,
-            chat_template=template,
-            chat_template_kwargs=kwargs,
-            rules=rules,
-            tokenizer=tokenizer,
-        )
+        chat = ChatTemplate(tokenizer, template, kwargs)
     except Exception as e:
         raise UnsupportedTemplateError(f"the chat template does not compile: {type(e).__name__}: {e}") from e
     try:
-        golden_check(ctx)
+        rules = decide(chat)
     except UnsupportedTemplateError:
         raise
+    except Exception as e:  # the template raised on a render the probe needs
+        raise UnsupportedTemplateError(
+            f"registration check: the chat template raised {type(e).__name__}: {e} on a plain conversation "
+            "(user, assistant, tool); tito needs a template that renders tool-calling conversations") from e
+    ctx = RenderingContext(fingerprint=fingerprint, rules=rules, template=chat, renderer_version=RENDERER_VERSION)
+    try:
+        golden_check(ctx)
+    except UnsupportedTemplateError as e:
+        raise UnsupportedTemplateError(f"{rules.name} template ({rules.describe()}): {e}") from e
     except RenderingError as e:
-        raise UnsupportedTemplateError(f"golden check failed: {e}") from e
+        raise UnsupportedTemplateError(f"{rules.name} template: registration check failed: {e}") from e
     except Exception as e:  # the template raised on a plain tool conversation
         raise UnsupportedTemplateError(
-            f"the chat template could not render a synthetic tool conversation: {type(e).__name__}: {e}"
-        ) from e
+            f"{rules.name} template: the chat template could not render a synthetic tool conversation: "
+            f"{type(e).__name__}: {e}") from e
     for quirk in ctx.quirks:
         log.info("tokenizer %s (%s): %s", fingerprint[:12], rules.name, quirk)
     return ctx

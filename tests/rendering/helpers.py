@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 from env_server.rendering import RenderingContext, TokenizerRegistry
-from tito.types import ToolCall, call_id
+from env_server.rendering import messages as msgs
+from tito.types import ToolCall
 from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
 
 TEMPLATES = ["qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3_1", "gptoss"]
@@ -30,6 +32,18 @@ TOOLS = [
             "name": "lookup",
             "description": "Look a word up.",
             "parameters": {"type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather for a place.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "zip": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "zip", "days"],
+            },
         },
     },
 ]
@@ -69,14 +83,8 @@ def template_text(ctx: RenderingContext, conv: list[dict], generation_prompt: bo
 
 def model_completion(ctx: RenderingContext, conv: list[dict], asst: dict) -> list[int]:
     """The assistant turn as the model generates it: the template's rendering of the turn after the
-    generation prompt, up to and including the first stop token, tokenized alone."""
-    before = template_text(ctx, conv, True)
-    after = template_text(ctx, conv + [asst], False)
-    assert after.startswith(before), "generation prompt is not a prefix of the assistant turn"
-    text = after[len(before) :]
-    stops = [ctx.tokenizer.convert_ids_to_tokens(i) for i in ctx.stop_token_ids]
-    end = min(text.find(s) + len(s) for s in stops if s in text)
-    return ctx.tokenizer.encode(text[:end], add_special_tokens=False)
+    generation prompt, through the token that ends it (the boundary, for a call turn), tokenized alone."""
+    return ctx.encode(ctx.completion_text(conv, asst, TOOLS))
 
 
 @dataclass
@@ -95,22 +103,34 @@ class Walk:
     ours_at: list[list[int]] = field(default_factory=list)
 
 
+_NATURAL_REASONING: dict[str, bool] = {}
+
+
+def writes_reasoning(ctx: RenderingContext) -> bool:
+    """Whether a model under this template writes reasoning: the template has a field for it and its render
+    of a turn with reasoning continues the generation prompt (Qwen3.5 nothink prefills an empty block)."""
+    if ctx.fingerprint not in _NATURAL_REASONING:
+        conv = [{"role": "user", "content": "hi"}]
+        turn = msgs.assistant(ctx.rules.style, [("c", "lookup", {"word": "w"})], "Thinking.")
+        before = template_text(ctx, conv, True)
+        _NATURAL_REASONING[ctx.fingerprint] = bool(ctx.rules.style.reasoning_field) and template_text(
+            ctx, conv + [turn], False).startswith(before)
+    return _NATURAL_REASONING[ctx.fingerprint]
+
+
 def assistant_message(ctx: RenderingContext, turn: Turn, k: int) -> dict:
-    msg = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {"id": f"call_{k}_{i}", "type": "function", "function": {"name": n, "arguments": a}}
-            for i, (n, a) in enumerate(turn.calls)
-        ],
-    }
-    if ctx.rules.reasoning_field:
-        msg[ctx.rules.reasoning_field] = turn.reasoning
-    return msg
+    """The call turn in the template's shapes, with the ids the server gives the parsed calls of step k."""
+    style = ctx.rules.style
+    reasoning = turn.reasoning if writes_reasoning(ctx) else None
+    return msgs.assistant(style, [(style.call_id(k, i), n, a) for i, (n, a) in enumerate(turn.calls)], reasoning)
 
 
-def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, check: bool = True) -> Walk:
-    """Build ids as trainer + server do, comparing with the template's render at each boundary."""
+def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, check: bool = True,
+         resplit: Callable[[RenderingContext, list[int]], list[int]] | None = None) -> Walk:
+    """Build ids as trainer + server do, comparing with the template's render at each boundary.
+
+    ``resplit`` tokenizes the model's completion differently (same text): then the text must still
+    equal the template's, and the suffix ids its exact tail."""
     conv = [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Compute things with the tools."},
@@ -121,14 +141,18 @@ def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, ch
     for k, turn in enumerate(turns):
         asst = assistant_message(ctx, turn, k)
         completion = model_completion(ctx, w.conv, asst)
-        parsed = ctx.parse_completion(completion, seq=k)
+        if resplit is not None:
+            canonical, completion = completion, resplit(ctx, completion)
+            assert completion != canonical and ctx.decode(completion) == ctx.decode(canonical)
+        parsed = ctx.parse_completion(completion, seq=k, tools=TOOLS)
         written = turn.calls[: ctx.rules.max_calls_per_turn or None]
-        assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == written
-        calls = [ToolCall(call_id(k, i), n, json.dumps(a)) for i, (n, a) in enumerate(turn.calls)]
-        msgs = [
+        assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls][: len(written)] == written
+        style = ctx.rules.style
+        calls = [ToolCall(style.call_id(k, i), n, json.dumps(a)) for i, (n, a) in enumerate(turn.calls)]
+        results = [
             {"role": "tool", "content": out, "name": c.name, "tool_call_id": c.id} for c, out in zip(calls, turn.outputs)
         ]
-        suffix = ctx.render_suffix(calls, msgs, budget)
+        suffix = ctx.render_suffix(calls, results, budget)
         assert not suffix.overflow
         w.suffixes.append(suffix)
         w.ours = w.ours + completion + suffix.ids
@@ -138,7 +162,10 @@ def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, ch
         w.ours_at.append(list(w.ours))
         # The suffix is always the exact tail of the template's own render.
         assert expected[len(expected) - len(suffix.ids) :] == suffix.ids
-        if check:
+        if resplit is not None:
+            assert ctx.decode(w.ours) == ctx.decode(expected)
+            w.ours = expected
+        elif check:
             assert w.ours == expected, (
                 f"turn {k}: ours {ctx.decode(w.ours)[-300:]!r}\n template {ctx.decode(expected)[-300:]!r}"
             )

@@ -237,34 +237,26 @@ def test_suffix_tokenized_alone_equals_in_context(template):
     """The claim behind tokenizing the suffix alone: it starts right after a control token, so
     encode(prefix + suffix) == encode(prefix) + encode(suffix)."""
     ctx = ctx_for(template)
-    calls = [ToolCall("call_0", PY, '{"code": "1"}')]
+    calls = [ToolCall(ctx.rules.style.call_id(0, 0), PY, '{"code": "1"}')]
     for out in ["x", " lead", "\n\nnl", "tail  ", "😀", "'s"]:
-        text = ctx.suffix_text(calls, [{"role": "tool", "content": out}])
-        base = [{"role": "user", "content": "."}, ctx._synthetic_assistant(calls)]
-        first = ctx.render_text(base, None, False)
-        stop = max((first.rfind(s) + len(s)) for s in ctx._stop_strings if s in first)
-        prefix = first[:stop]
+        group = [{"role": "tool", "content": out, "name": PY, "tool_call_id": calls[0].id}]
+        text = ctx.suffix_text(calls, group)
+        _, prefix, _ = ctx._call_turn(calls)
         assert ctx.encode(prefix + text) == ctx.encode(prefix) + ctx.encode(text)
 
 
 def test_suffix_refuses_when_not_prefix_stable():
-    from env_server.rendering import SuffixRenderError
+    from env_server.rendering import RenderingContext, SuffixRenderError
+    from env_server.rendering.template import ChatTemplate
 
     ctx = ctx_for("qwen2_5")
-    broken = type(ctx)(
-        fingerprint="x",
-        family=ctx.family,
-        stop_token_ids=ctx.stop_token_ids,
-        renderer_version=ctx.renderer_version,
-        # A template that renders the last assistant turn differently from earlier ones.
-        chat_template=(
-            "{% for m in messages %}<|im_start|>{{ m.role }}\n"
-            "{% if m.role == 'assistant' and loop.last %}LAST{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
-            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-        ),
-        chat_template_kwargs={},
-        rules=ctx.rules,
-        tokenizer=ctx.tokenizer,
+    # A template that renders the last assistant turn differently from earlier ones.
+    source = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'assistant' and loop.last %}LAST{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
+    broken = RenderingContext(fingerprint="x", rules=ctx.rules, template=ChatTemplate(ctx.tokenizer, source, {}),
+                              renderer_version=ctx.renderer_version)
     with pytest.raises(SuffixRenderError, match="not prefix-stable"):
         broken.render_suffix([ToolCall("call_0", PY, "{}")], [{"role": "tool", "content": "1"}], None)

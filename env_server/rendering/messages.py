@@ -1,0 +1,93 @@
+"""Messages as a template reads them, shaped by the template's ``MessageStyle``.
+
+One place builds the assistant call turn and the tool messages for the registration probe, the
+golden check and the per-step suffix, so all three render exactly the same shapes: tool
+messages always carry the tool's ``name`` and the call's ``tool_call_id`` (Gemma 4 matches
+results to calls by id, gpt-oss names the tool turn), calls always carry ``type: "function"``
+(DeepSeek V3 reads it), and arguments are a mapping or JSON text as the template needs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tito.types import Message, Role, ToolCall
+
+from .families import MessageStyle
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant."}
+SYNTHETIC_USER = {"role": "user", "content": "."}
+SYNTHETIC_REASONING = "Calling the tools."
+
+
+def head(style: MessageStyle, user: Mapping[str, Any] = SYNTHETIC_USER) -> list[dict]:
+    return ([dict(SYSTEM)] if style.system else []) + [dict(user)]
+
+
+def _arguments(style: MessageStyle, args: Any) -> Any:
+    if style.json_args:
+        return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    if isinstance(args, str):
+        try:
+            value = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            return args
+        return value if isinstance(value, dict) else args
+    return args
+
+
+def call_entry(style: MessageStyle, call_id: str, name: str, args: Any) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": _arguments(style, args)}}
+
+
+def assistant(style: MessageStyle, calls: Sequence[tuple[str, str, Any]], reasoning: str | None = None,
+              content: str = "") -> dict:
+    """An assistant turn calling ``(id, name, arguments)`` in order."""
+    msg: dict[str, Any] = {"role": "assistant", "content": None if style.content_none and not content else content}
+    if calls:
+        msg["tool_calls"] = [call_entry(style, i, n, a) for i, n, a in calls]
+    if reasoning is not None and style.reasoning_field:
+        msg[style.reasoning_field] = reasoning
+    return msg
+
+
+def tool(name: str, call_id: str, content: str) -> dict:
+    return {"role": "tool", "content": content, "name": name, "tool_call_id": call_id}
+
+
+def tool_group(tool_calls: Sequence[ToolCall], tool_messages: Sequence[Message | dict]) -> list[dict]:
+    """The tool messages of one step as the template reads them, names and ids filled from the calls."""
+    out = []
+    for i, m in enumerate(tool_messages):
+        m = Message.coerce(m if isinstance(m, Message) else {"role": "tool", **m})
+        call = tool_calls[i] if i < len(tool_calls) else None
+        out.append(tool(m.name or (call.name if call else ""), m.tool_call_id or (call.id if call else ""), m.content))
+    return out
+
+
+def as_messages(group: list[dict]) -> tuple[Message, ...]:
+    return tuple(Message(role=Role.TOOL, content=m["content"], name=m["name"], tool_call_id=m["tool_call_id"])
+                 for m in group)
+
+
+_DROP_EMPTY = ("tool_calls", "reasoning_content", "name", "tool_call_id")
+
+
+def normalize(messages: Sequence[Mapping[str, Any]], style: MessageStyle) -> list[dict]:
+    """A client's conversation in this template's shapes (arguments as mapping or JSON text, empty fields dropped)."""
+    out = []
+    for m in messages:
+        m = {k: v for k, v in copy.deepcopy(dict(m)).items() if not (k in _DROP_EMPTY and not v)}
+        if m.get("tool_calls"):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = dict(c.get("function") or {"name": c.get("name"), "arguments": c.get("arguments")})
+                calls.append(call_entry(style, c.get("id"), fn.get("name"), fn.get("arguments")))
+            m["tool_calls"] = calls
+            if style.content_none and not m.get("content"):
+                m["content"] = None
+        out.append(m)
+    return out

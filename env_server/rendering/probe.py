@@ -1,0 +1,263 @@
+"""The registration probe: what a template needs and does, found by rendering it (never by its name).
+
+Steps, each named in a refusal (REPORT.md §5 of /work/research-families):
+1. message shape: an assistant call turn and its result must render (tool name, arguments and
+   output all present); tried with arguments as a mapping, then as JSON text (a JSON-text template
+   raises on a mapping or prints its Python repr), content "" then None, no system message then
+   one, tito's call ids then 9-character alphanumeric ones.
+2. parallel calls: two calls in one message must render both, else one call per turn.
+3. reasoning: the field whose text the template writes in a call turn, and the tags around it.
+4. stop tokens, from renders: the token that ends a plain answer (or, if the template never
+   closes one, the next role token), and the boundary that ends a call turn: the last added token
+   of the call turn when the template closes turns; otherwise the token the tool turn opens with,
+   which the model emits as its stop (overlap: GLM's <|observation|>). The synthetic call turn
+   carries reasoning only if the template re-renders it otherwise (Qwen3 drops empty thinking).
+5. wire format: a turn of calls with a number-looking string, an integer and code with quotes and
+   newlines is rendered and must parse back exactly with one of the wire formats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from .errors import UnsupportedTemplateError
+from .families import LABELS, FamilyRules, MessageStyle
+from .messages import assistant, head, tool
+from .parsing import formats, split_reasoning
+from .template import ChatTemplate, lcp
+from .values import tool_index
+
+CODE = 'import json\nd = {"k": [1, 2], \'q\': "it\'s"}\nprint(json.dumps(d), f(")"))  # done\n'
+PROBE_TOOLS = [
+    {"type": "function", "function": {"name": name, "description": desc, "parameters": {
+        "type": "object", "properties": props, "required": list(props)}}}
+    for name, desc, props in (
+        ("run_python", "Run Python code.", {"code": {"type": "string"}}),
+        ("lookup", "Look a word up.", {"word": {"type": "string"}}),
+        ("get_weather", "Weather for a place.",
+         {"city": {"type": "string"}, "zip": {"type": "string"}, "days": {"type": "integer"}}),
+    )
+]
+PROBE_CALLS = [("get_weather", {"city": "Paris", "zip": "75001", "days": 3}), ("run_python", {"code": CODE})]
+_ARG, _OUT, _ANSWER, _THOUGHT = "zqx_argument", "zqx_output", "zqx answer", "zqx reasoning"
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def refuse(step: str, what: str, todo: str) -> UnsupportedTemplateError:
+    return UnsupportedTemplateError(f"registration check, step '{step}': {what}. {todo}")
+
+
+_NO_TOOLS = ("tito needs a chat template with tool calling (assistant tool_calls and role 'tool' messages); "
+             "upload the model's tool-calling template, or send parsed tool_calls without a tokenizer")
+
+
+class Probe:
+    def __init__(self, t: ChatTemplate) -> None:
+        self.t = t
+
+    def render(self, messages: list[dict], generation_prompt: bool = False, tools: list | None = None) -> str:
+        return self.t.render(messages, tools, generation_prompt)
+
+    def turn(self, style: MessageStyle, calls, reasoning: str | None = None, seq: int = 0) -> dict:
+        return assistant(style, [(style.call_id(seq, i), n, a) for i, (n, a) in enumerate(calls)], reasoning)
+
+    def results(self, style: MessageStyle, calls, outputs, seq: int = 0) -> list[dict]:
+        return [tool(n, style.call_id(seq, i), o) for i, ((n, _), o) in enumerate(zip(calls, outputs))]
+
+    # ---------------------------------------------------------------- 1. message shape
+
+    def message_shape(self) -> MessageStyle:
+        calls = [("lookup", {"word": _ARG})]
+        problems: list[str] = []
+        for system in (False, True):
+            for ids in ("tito", "alnum9"):
+                for json_args in (False, True):
+                    for content_none in (False, True):
+                        style = MessageStyle(json_args=json_args, content_none=content_none, system=system, ids=ids)
+                        why = self._shape_problem(style, calls)
+                        if why is None:
+                            return style
+                        problems.append(why)
+        raise refuse("message shape", f"the template does not render an assistant tool call and its result "
+                     f"({problems[0]})", _NO_TOOLS)
+
+    def _shape_problem(self, style: MessageStyle, calls) -> str | None:
+        try:
+            text = self.render(head(style) + [self.turn(style, calls)] + self.results(style, calls, [_OUT]), True)
+        except Exception as e:  # jinja raises anything: TypeError, TemplateError, ...
+            return f"it raised {type(e).__name__}: {str(e)[:200]}"
+        missing = [s for s in ("lookup", _ARG, _OUT) if s not in text]
+        if missing:
+            return f"{', '.join(map(repr, missing))} missing from its render"
+        if not style.json_args and "{'word': " in text:
+            return "it printed the arguments' Python repr (it wants JSON text)"
+        if style.json_args and '\\"word\\"' in text:
+            return "it encoded the JSON-text arguments a second time"
+        return None
+
+    # ---------------------------------------------------------------- 2. parallel calls
+
+    def max_calls(self, style: MessageStyle) -> int | None:
+        calls = [("run_python", {"code": _ARG + "1"}), ("lookup", {"word": _ARG + "2"})]
+        try:
+            text = self.render(head(style) + [self.turn(style, calls)] + self.results(style, calls, ["a", "b"]), True)
+        except Exception:
+            return 1  # Llama 3.1: "This model only supports single tool-calls at once!"
+        return None if _ARG + "2" in text else 1  # gpt-oss renders tool_calls[0] only
+
+    # ---------------------------------------------------------------- 3. reasoning
+
+    def reasoning(self, style: MessageStyle) -> MessageStyle:
+        calls = [("lookup", {"word": _ARG})]
+        for name in _REASONING_FIELDS:
+            candidate = dataclasses.replace(style, reasoning_field=name)
+            try:
+                text = self.render(head(candidate) + [self.turn(candidate, calls, _THOUGHT)])
+            except Exception:
+                continue
+            if _THOUGHT in text:
+                return candidate
+        return style
+
+    def reasoning_tags(self, style: MessageStyle) -> tuple[tuple[str, str] | None, bool]:
+        """((open, close) around reasoning in a completion, whether the generation prompt opens it)."""
+        if not style.reasoning_field:
+            return None, False
+        h = self.render(head(style), True)
+        text = self.render(head(style) + [self.turn(style, [("lookup", {"word": _ARG})], _THOUGHT)])
+        at, start = text.find(_THOUGHT), self.t.turn_start(h, text)
+        after = self.t.added_tokens_in(text, at + len(_THOUGHT))
+        open_tag = text[start:at].strip()  # what the model writes before its reasoning (Gemma: '<|channel>thought')
+        prefilled = not open_tag
+        if prefilled:  # the generation prompt opened the block (Qwen3.5: '<think>\n'): its last token
+            before = self.t.added_tokens_in(text, 0, at)
+            open_tag = before[-1][0] if before else ""
+        if not open_tag or not after:
+            return None, False
+        return (open_tag, text[at + len(_THOUGHT):after[0][1] + len(after[0][0])].strip()), prefilled
+
+    # ---------------------------------------------------------------- 4. stops and the boundary
+
+    def answer_end(self, style: MessageStyle) -> tuple[str | None, str | None]:
+        """(the token after a final answer, the token after an answer followed by a user turn)."""
+        out = []
+        for extra in ([], [{"role": "user", "content": "next"}]):
+            text = self.render(head(style) + [{"role": "assistant", "content": _ANSWER}] + extra)
+            toks = self.t.added_tokens_in(text, text.rfind(_ANSWER) + len(_ANSWER))
+            out.append(toks[0][0] if toks else None)
+        return out[0], out[1]
+
+    def boundary(self, style: MessageStyle, plain_end: str | None) -> tuple[MessageStyle, str, bool, bool]:
+        """(style, boundary token, overlap, the boundary opens the tool results)."""
+        calls = [("lookup", {"word": _ARG})]
+        tries = [False, True] if style.reasoning_field else [False]
+        problem = ""
+        for with_reasoning in tries:
+            st = dataclasses.replace(style, reasoning_in_synthetic=with_reasoning)
+            reasoning = _THOUGHT if with_reasoning else None
+            h = self.render(head(st), True)
+            a = self.render(head(st) + [self.turn(st, calls, reasoning)])
+            b = self.render(head(st) + [self.turn(st, calls, reasoning)] + self.results(st, calls, [_OUT]), True)
+            start, p = self.t.turn_start(h, a), lcp(a, b)
+            if plain_end is None and p == len(a):
+                toks = self.t.added_tokens_in(b, p, p + 64)
+                if toks and toks[0][1] == p:
+                    return st, toks[0][0], True, True
+                problem = (f"the call turn is not closed and the tool turn starts with text {b[p:p + 40]!r}, "
+                           "so nothing tells the model's turn has ended")
+                continue
+            toks = self.t.added_tokens_in(a, start, p)
+            if not toks or a[p:].strip() or a[toks[-1][1] + len(toks[-1][0]):p].strip():
+                problem = (f"adding the tool results re-renders the call turn: it reads {a[p:p + 60]!r} alone, "
+                           f"{b[p:p + 60]!r} followed by the results")
+                continue
+            end = toks[-1][1] + len(toks[-1][0])
+            following = self.t.added_tokens_in(b, end, end + 64)
+            opens = not following or bool(b[end:following[0][1]].strip())  # the results start with text
+            return st, toks[-1][0], False, opens
+        raise refuse("stop tokens", f"cannot find the token that ends an assistant turn that calls tools ({problem})",
+                     "The template must render a call turn the same way before and after its tool results")
+
+    def stop_tokens(self, boundary: str, answer_end: str) -> tuple[str, ...]:
+        stops = [boundary, answer_end]
+        eos = self.t.tokenizer.eos_token
+        if isinstance(eos, str) and self.t.token_id(eos) is not None:
+            stops.append(eos)
+        for token in stops[:2]:
+            if self.t.token_id(token) is None:
+                raise refuse("stop tokens", f"the template ends turns with {token!r}, which is not one token of the "
+                             "uploaded vocabulary", "Upload the tokenizer that belongs to this template")
+        return tuple(dict.fromkeys(stops))
+
+    # ---------------------------------------------------------------- 5. wire format
+
+    def completion_text(self, style: MessageStyle, calls, reasoning: str | None, boundary: str,
+                        overlap: bool) -> str:
+        """The call turn as the model generates it: from where it leaves the generation prompt through the boundary."""
+        h = self.render(head(style), True)
+        a = self.render(head(style) + [self.turn(style, calls, reasoning)])
+        start = self.t.turn_start(h, a)
+        if overlap:
+            return a[start:] + boundary
+        return a[start:a.rfind(boundary) + len(boundary)]
+
+    def wire_format(self, style: MessageStyle, boundary: str, overlap: bool, tags, max_calls) -> str:
+        groups = [PROBE_CALLS] if max_calls is None else [[c] for c in PROBE_CALLS]
+        index = tool_index(PROBE_TOOLS)
+        reasoning = _THOUGHT if style.reasoning_in_synthetic else None
+        texts = [self.completion_text(style, calls, reasoning, boundary, overlap) for calls in groups]
+        if max_calls is None and texts[0].count(boundary) != 1:
+            raise refuse("stop tokens", f"the template closes no turn of tool calls: {boundary!r}, the last token it "
+                         f"writes in a call turn, ends each call ({texts[0][-160:]!r}), so the model's stop token "
+                         "after its calls is unknown", "Use a template that ends a call turn with an end-of-turn token")
+        for wire in formats().values():
+            if all(_parses_back(wire, text, calls, boundary, tags, index) for text, calls in zip(texts, groups)):
+                return wire.name
+        raise refuse("wire format", f"the template writes tool calls as {texts[0][:300]!r}, which none of the "
+                     f"wire formats ({', '.join(formats())}) parses back exactly",
+                     "Use a template that writes calls in one of these formats")
+
+
+def _parses_back(wire, text: str, calls, boundary: str, tags, index) -> bool:
+    body = text if wire.delimited_by_stop else text.removesuffix(boundary)
+    if tags[0] and not wire.delimited_by_stop:
+        _, body = split_reasoning(body, *tags[0], prefilled=tags[1])
+    try:
+        _, _, raw = wire.parse(body, index)
+        got = [(c.name, json.loads(c.arguments) if not c.error else c.error) for c in raw]
+    except Exception:
+        return False
+    return got == [(n, a) for n, a in calls]
+
+
+def decide(t: ChatTemplate) -> FamilyRules:
+    """The family rules of a template, or UnsupportedTemplateError naming the failed step."""
+    p = Probe(t)
+    style = p.reasoning(p.message_shape())
+    max_calls = p.max_calls(style)
+    plain_end, plain_next = p.answer_end(style)
+    style, boundary, overlap, opens = p.boundary(style, plain_end)
+    answer_end = plain_end or plain_next
+    if answer_end is None:
+        raise refuse("stop tokens", "the template writes no token after an assistant answer",
+                     "Use a template that ends assistant turns with a token")
+    stops = p.stop_tokens(boundary, answer_end)
+    tags, prefilled = p.reasoning_tags(style)
+    wire = p.wire_format(style, boundary, overlap, (tags, prefilled), max_calls)
+    label = LABELS[wire]
+    if wire == "hermes" and "<|im_start|>" not in t.source:
+        label = "hermes"
+    elif wire == "xml" and "<atem:" in t.source:
+        label = "atem"
+    notes = []
+    if style.json_args:
+        notes.append("the template reads tool-call arguments as JSON text")
+    if max_calls:
+        notes.append(f"the template renders {max_calls} call per assistant message; further calls get an error")
+    return FamilyRules(
+        name=label, wire=wire, stop_tokens=stops, boundary=boundary, answer_end=answer_end, overlap=overlap,
+        calls_need_boundary=boundary != answer_end, opens_results=opens, reasoning_tags=tags,
+        reasoning_prefilled=prefilled,
+        max_calls_per_turn=max_calls, style=style, notes=tuple(notes),
+    )
+

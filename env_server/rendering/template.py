@@ -1,0 +1,131 @@
+"""ChatTemplate: one uploaded chat template, compiled once, with the tokenizer it renders for.
+
+Control tokens inside message text (a program printing "<|im_end|>") are encoded as text,
+never as the control token: that is transformers' ``apply_chat_template(...,
+sanitize_control_tokens=True)``, and our ids equal that render token for token. Without it,
+a tool could forge turn boundaries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers.utils.chat_template_utils import (
+    _CONTROL_TOKEN_END,
+    _CONTROL_TOKEN_START,
+    _compile_jinja_template,
+    _get_control_token_patterns,
+    encode_marked_chat,
+    mark_control_tokens,
+)
+
+
+def lcp(a: str, b: str) -> int:
+    """Length of the common prefix (C-speed: whole-string and halving slice comparisons)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class ChatTemplate:
+    """Render, sanitize, encode and decode for one (tokenizer, template, kwargs)."""
+
+    def __init__(self, tokenizer: Any, chat_template: str, kwargs: dict[str, Any]) -> None:
+        self.tokenizer = tokenizer
+        self.source = chat_template
+        self.kwargs = dict(kwargs)
+        self._template = _compile_jinja_template(chat_template)  # compiled once, shared (lru_cache)
+        self._raw = tokenizer.backend_tokenizer  # the tokenizers.Tokenizer: no per-call wrapper overhead
+        self.vocab_size = self._raw.get_vocab_size(with_added_tokens=True)
+        self._vars = {**tokenizer.special_tokens_map, **self.kwargs}
+        self._control_re, self._markers_re = _get_control_token_patterns(
+            tokenizer._get_control_tokens(chat_template)
+        )
+        # Added tokens, longest first, for finding where the template writes them.
+        self.added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
+        # ... and those not starting with '<' (GLM's '[gMASK]'), which the scan below looks for separately.
+        self._odd = [t for t in self.added if not t.startswith("<") and not t.isspace() and len(t) > 1]
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, generation_prompt: bool = False) -> str:
+        """The template's text for an already-sanitized conversation."""
+        return self._template.render(
+            messages=messages, tools=tools or None, documents=None, add_generation_prompt=generation_prompt,
+            **self._vars,
+        )
+
+    def sanitize(self, obj: Any) -> Any:
+        """Mark control-token strings in user-supplied text so they are encoded as text."""
+        return mark_control_tokens(obj, self._control_re)
+
+    def encode(self, text: str) -> list[int]:
+        """Encode rendered (sanitized) template text."""
+        if _CONTROL_TOKEN_START not in text and _CONTROL_TOKEN_END not in text:
+            return self._raw.encode(text, add_special_tokens=False).ids
+        return encode_marked_chat(self.tokenizer, text, self._markers_re)
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Tokens of ``text`` as plain text: control-token strings count as their text tokens."""
+        return self.tokenizer._encode_without_added_tokens(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._raw.decode(ids, skip_special_tokens=False)
+
+    def token_id(self, token: str) -> int | None:
+        """The id of ``token`` if it is one added token of this vocabulary."""
+        token_id = self._raw.token_to_id(token)
+        return token_id if token_id is not None and token in self.tokenizer.get_added_vocab() else None
+
+    def turn_start(self, prompt: str, rendered: str) -> int:
+        """Where ``rendered`` leaves the generation ``prompt``: their common prefix, moved back to the start of
+        an added token it would cut (DeepSeek prefills '<think>' where the turn renders '<｜tool▁calls▁begin｜>')."""
+        start = lcp(prompt, rendered)
+        for token, at in self.added_tokens_in(rendered, max(0, start - 64), start + 64):
+            if at < start < at + len(token):
+                return at
+        return start
+
+    def find_token(self, text: str, token: str, last: bool = False, start: int = 0, end: int | None = None) -> int:
+        """Where the template wrote ``token`` (first or last), skipping the sanitized copies in user text; -1 if nowhere."""
+        end = len(text) if end is None else end
+        while True:
+            at = text.rfind(token, start, end) if last else text.find(token, start, end)
+            if at <= 0 or text[at - 1] != _CONTROL_TOKEN_START:
+                return at
+            if last:
+                end = at
+            else:
+                start = at + 1
+
+    def added_tokens_in(self, text: str, start: int = 0, end: int | None = None) -> list[tuple[str, int]]:
+        """``(token, position)`` of each added token the text holds between ``start`` and ``end``, in order.
+
+        Tokens inside sanitize markers are user text, not tokens, and are skipped."""
+        end = len(text) if end is None else end
+        out, i = [], start
+        while i < end:
+            at = text.find("<", i, end)
+            hits = [at] if at >= 0 else []
+            for tok in self._odd:
+                j = text.find(tok, i, end)
+                if j >= 0:
+                    hits.append(j)
+            if not hits:
+                break
+            i = min(hits)
+            for tok in self.added:
+                if text.startswith(tok, i) and i + len(tok) <= end:
+                    if not (i > 0 and text[i - 1] == _CONTROL_TOKEN_START):
+                        out.append((tok, i))
+                    i += len(tok)
+                    break
+            else:
+                i += 1
+        return out

@@ -1,0 +1,195 @@
+"""Every trl chat template through registration and, when accepted, through the token-exactness cases.
+
+    .venv/bin/python -m tests.rendering.families_walk      # regenerate docs/families.md
+
+test_families.py runs the same walk and fails if docs/families.md is not what it produced, so the
+list of supported families is generated from the test, never kept by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from env_server.rendering import RenderingContext, UnsupportedTemplateError
+
+from .helpers import REGISTRY, Turn, files_for, walk
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "families.md"
+PY = "run_python"
+
+# Templates the walk does not register, and why.
+VISION_ONLY = ("idefics3", "llava_next", "qwen2_5_vl", "smolvlm")
+# Named in the issue: these must be accepted and exact (deepseekv3 may be refused for its template's own bug).
+MUST_ACCEPT = ("qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3_1", "llama3_2", "gptoss", "qwen3_6",
+               "nemotron_3_nano", "glm4moe", "gemma4", "lfm2_2_5")
+
+
+def all_templates() -> list[str]:
+    from tito_assets.qwen_tokenizer import available_templates
+
+    return available_templates()
+
+
+def skip_reason(name: str) -> str | None:
+    if name.endswith("_training"):
+        return f"trl's patched training copy of {name.removesuffix('_training')} (not what a model ships)"
+    if name in VISION_ONLY:
+        return "vision-only template (message content must be a list of image/text parts; no tool calling)"
+    return None
+
+
+# ---------------------------------------------------------------- the cases
+
+
+def _resplit(ctx: RenderingContext, ids: list[int]) -> list[int]:
+    """The same text tokenized differently: the longest ordinary token is spelled in smaller pieces."""
+    special = {ctx.template.token_id(t) for t in ctx.template.added}
+    i = max((j for j in range(len(ids)) if ids[j] not in special), key=lambda j: len(ctx.decode([ids[j]])))
+    text = ctx.decode([ids[i]])
+    pieces = [p for ch in text for p in ctx.template.encode_plain(ch)]
+    if pieces == [ids[i]]:  # one character: split its bytes instead
+        pieces = ctx.tokenizer.convert_tokens_to_ids(list(ctx.tokenizer.convert_ids_to_tokens([ids[i]])[0]))
+    return ids[:i] + pieces + ids[i + 1:]
+
+
+def _special_output(ctx: RenderingContext) -> None:
+    # The control tokens: special tokens and added tokens the template writes (transformers' sanitize set).
+    controls = ctx.tokenizer._get_control_tokens(ctx.template.source)
+    w = walk(ctx, [Turn([(PY, {"code": "print(...)"})], [f"printed: {' '.join(controls)} end"])])
+    plain = walk(ctx, [Turn([(PY, {"code": "print(...)"})], ["printed: end"])])
+    specials = {ctx.template.token_id(t) for t in controls}
+    # No control token appeared from the output: every literal was tokenized as text.
+    assert sorted(t for t in w.suffixes[0].ids if t in specials) == sorted(
+        t for t in plain.suffixes[0].ids if t in specials)
+
+
+def _budget(ctx: RenderingContext) -> None:
+    long = "".join(f"line {i}: {'x' * (i % 17)} ✓\n" for i in range(2000))
+    w = walk(ctx, [Turn([(PY, {"code": "spam()"})], [long])], budget=200)
+    s = w.suffixes[0]
+    assert s.truncated and not s.overflow and 192 <= len(s.ids) <= 200
+    assert "tokens truncated]" in s.tool_messages[0].content
+
+
+def _parallel(ctx: RenderingContext) -> str | None:
+    if ctx.rules.max_calls_per_turn == 1:
+        return "n/a: the template renders one call per turn (further calls are answered with an error)"
+    w = walk(ctx, [Turn([(PY, {"code": "1"}), ("lookup", {"word": "a"}), (PY, {"code": "2"})], ["1", "a: x", "2"])])
+    text = ctx.decode(w.suffixes[0].ids)
+    assert text.index("1") < text.index("a: x") < text.rindex("2")
+    return None
+
+
+def _three_rounds(ctx: RenderingContext) -> None:
+    walk(ctx, [
+        Turn([(PY, {"code": "x = 2"})], [""]),
+        Turn([("get_weather", {"city": "Paris", "zip": "75001", "days": 3})], ["sunny, 21C"]),
+        Turn([("lookup", {"word": "naïve"})], ["x: a letter"]),
+    ])
+
+
+CASES: dict[str, Callable[[RenderingContext], str | None]] = {
+    "one call": lambda ctx: walk(ctx, [Turn([(PY, {"code": "print(6 * 7)"})], ["42\n"])]) and None,
+    "parallel calls": _parallel,
+    "unicode output": lambda ctx: walk(ctx, [Turn([(PY, {"code": "print('é')"})],
+                                                  ["naïve café — 日本語 🙂🚀 e\u0301 \u200b"])]) and None,
+    "special-token strings in output": _special_output,
+    "empty output": lambda ctx: walk(ctx, [Turn([(PY, {"code": "pass"})], [""])]) and None,
+    "three rounds": _three_rounds,
+    "budget cut": _budget,
+    "non-canonical split": lambda ctx: walk(ctx, [Turn([(PY, {"code": "print('hello world')"})], ["hello world\n"])],
+                                            resplit=_resplit) and None,
+}
+
+
+# ---------------------------------------------------------------- one template
+
+
+@dataclass
+class Row:
+    template: str
+    verdict: str  # accepted | refused | skipped
+    family: str = ""
+    wire: str = ""
+    stops: str = ""
+    detail: str = ""  # refusal or skip reason; notes for accepted ones
+    cases: dict[str, str] = field(default_factory=dict)  # case -> "exact" | "n/a: ..."
+
+
+def register(name: str) -> tuple[RenderingContext | None, str]:
+    try:
+        return REGISTRY.register(files_for(name), {}), ""
+    except UnsupportedTemplateError as e:
+        return None, str(e)
+
+
+def run_template(name: str) -> Row:
+    """Registration, then every case (an AssertionError propagates: a late failure fails the test)."""
+    reason = skip_reason(name)
+    if reason:
+        return Row(name, "skipped", detail=reason)
+    ctx, refusal = register(name)
+    if ctx is None:
+        assert "registration check" in refusal and len(refusal) > 60, f"uninformative refusal: {refusal!r}"
+        return Row(name, "refused", detail=_short_reason(refusal))
+    rules = ctx.rules
+    stops = ", ".join(f"`{s}`" for s in rules.stop_tokens)
+    boundary = f"call turn ends `{rules.boundary}`" + (" (opens the results)" if rules.opens_results else "")
+    row = Row(name, "accepted", rules.name, rules.wire, f"{stops}; {boundary}", "; ".join(rules.notes))
+    for case, run in CASES.items():
+        try:
+            row.cases[case] = run(ctx) or "exact"
+        except AssertionError as e:
+            raise AssertionError(f"{name}: case {case!r} failed after registration accepted it: {e}") from e
+    return row
+
+
+def _short_reason(message: str) -> str:
+    at = message.find("registration check")
+    text = message[at:].split(". ")[0]
+    return text if len(text) <= 240 else text[:239] + "…"
+
+
+# ---------------------------------------------------------------- the table
+
+
+def markdown(rows: list[Row]) -> str:
+    accepted = [r for r in rows if r.verdict == "accepted"]
+    lines = [
+        "# Supported chat-template families",
+        "",
+        "Generated by `tests/rendering/test_families.py` (regenerate: `.venv/bin/python -m tests.rendering.families_walk`);",
+        "do not edit by hand. Every chat template shipped in trl's `chat_templates/` folder is registered with the",
+        "offline Qwen-vocabulary tokenizer (`tito_assets`) plus the template's own control tokens. Accepted templates",
+        f"passed every case ({', '.join(CASES)}) token for token against the template's own render; refused ones",
+        "were refused at RegisterTokenizer with the reason shown.",
+        "",
+        f"{len(accepted)} accepted, {sum(r.verdict == 'refused' for r in rows)} refused, "
+        f"{sum(r.verdict == 'skipped' for r in rows)} skipped.",
+        "",
+        "| template | verdict | family | wire format | stop tokens | cases | notes / reason |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cases = ""
+        if r.cases:
+            exact = sum(v == "exact" for v in r.cases.values())
+            na = [f"{k}: {v[4:].split(' (')[0]}" for k, v in r.cases.items() if v != "exact"]
+            cases = f"{exact}/{len(r.cases)} exact" + (f" ({'; '.join(na)})" if na else "")
+        cells = [r.template, r.verdict, r.family, r.wire, r.stops, cases, r.detail]
+        lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    rows = [run_template(name) for name in all_templates()]
+    DOC.write_text(markdown(rows), encoding="utf-8")
+    print(json.dumps({r.template: r.verdict for r in rows}, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The wire-format parsers on the completions of the new families: typing by schema, closers inside values,
+malformed calls, the overlap rule's stop handling, and agreement with transformers' parse_response."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from env_server.rendering.parse_json import parse_deepseek
+
+from .helpers import TOOLS, Turn, assistant_message, ctx_for, model_completion
+
+
+def ids(ctx, text):
+    return ctx.tokenizer.encode(text, add_special_tokens=False)
+
+
+def parse(ctx, text, tools=TOOLS):
+    return ctx.parse_completion(ids(ctx, text), tools=tools)
+
+
+def calls_of(parsed):
+    return [(c.name, json.loads(c.arguments) if not c.error else c.error) for c in parsed.tool_calls]
+
+
+WEATHER = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=zip>\n75001\n" \
+          "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+
+
+def test_xml_values_typed_by_the_tools_schema():
+    ctx = ctx_for("qwen3_6")
+    p = parse(ctx, "Let me check.\n</think>\n\n" + WEATHER + "<|im_end|>")
+    assert p.reasoning == "Let me check." and p.content == ""
+    assert calls_of(p) == [("get_weather", {"city": "Paris", "zip": "75001", "days": 3})]
+    assert p.tool_calls[0].arguments == '{"city": "Paris", "zip": "75001", "days": 3}'  # JSON of the typed values
+    # Without the schemas nothing can be typed: the text is kept.
+    assert calls_of(parse(ctx, WEATHER + "<|im_end|>", tools=None))[0][1]["days"] == "3"
+    # A value that does not cast stays text, for the environment to reject with its own message.
+    bad = WEATHER.replace("\n3\n", "\nseven\n")
+    assert calls_of(parse(ctx, bad + "<|im_end|>"))[0][1]["days"] == "seven"
+
+
+def test_xml_value_keeps_its_newlines_and_closing_tags_inside():
+    ctx = ctx_for("nemotron_3_nano")
+    code = 'print("</parameter>")\nx = 1\n'
+    text = f"</think>\n<tool_call>\n<function=run_python>\n<parameter=code>\n{code}\n</parameter>\n</function>\n" \
+           "</tool_call>\n<|im_end|>"
+    assert calls_of(parse(ctx, text)) == [("run_python", {"code": code})]
+    unclosed = "<tool_call>\n<function=run_python>\n<parameter=code>\nx\n</function>\n</tool_call><|im_end|>"
+    assert "not closed with </parameter>" in parse(ctx, unclosed, tools=None).tool_calls[0].error
+    no_function = "<tool_call>\n{\"name\": \"run_python\"}\n</tool_call><|im_end|>"
+    assert "<function=NAME>" in parse(ctx, no_function, tools=None).tool_calls[0].error
+
+
+def test_glm_arg_kv_and_the_overlap_stop():
+    ctx = ctx_for("glm4moe")
+    text = "\n<think>plan</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n" \
+           "<arg_key>zip</arg_key>\n<arg_value>75001</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n" \
+           "</tool_call>"
+    p = parse(ctx, text + "<|observation|>")
+    assert p.stopped and p.reasoning == "plan" and p.content == ""  # the stop token is not content
+    assert calls_of(p) == [("get_weather", {"city": "Paris", "zip": "75001", "days": 3})]
+    # GLM-4.7 writes no newlines; a closing tag inside a value does not end it.
+    compact = "<tool_call>run_python<arg_key>code</arg_key><arg_value>s = '</arg_value>'\n</arg_value></tool_call>"
+    p = parse(ctx, compact + "<|observation|>")
+    assert calls_of(p) == [("run_python", {"code": "s = '</arg_value>'\n"})]
+
+
+@pytest.mark.parametrize(
+    "template, call, boundary, other",
+    [
+        ("glm4moe", "<tool_call>lookup\n<arg_key>word</arg_key>\n<arg_value>w</arg_value>\n</tool_call>",
+         "<|observation|>", "<|user|>"),
+        ("gemma4", '<|tool_call>call:lookup{word:<|"|>w<|"|>}<tool_call|>', "<|tool_response>", "<turn|>"),
+    ],
+)
+def test_tools_run_only_when_the_turn_ends_on_the_boundary(template, call, boundary, other):
+    """The boundary differs from the answer's end token: another stop ended the conversation; the boundary
+    without a call still opens a tool turn, which gets an error result."""
+    ctx = ctx_for(template)
+    assert calls_of(parse(ctx, call + boundary)) == [("lookup", {"word": "w"})]
+    assert parse(ctx, call + other).tool_calls == []
+    p = parse(ctx, "I am done." + boundary)
+    assert len(p.tool_calls) == 1 and "holds no tool call" in p.tool_calls[0].error
+
+
+def test_gemma4_dialect_one_malformed_call_fails_alone():
+    ctx = ctx_for("gemma4")
+    text = '<|tool_call>call:run_python{code:<|"|>d = {"a": 1, "b": [2]}; print(d, "x:y,z")<|"|>}<tool_call|>' \
+           '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:3,zip:<|"|>75001<|"|>}<tool_call|>' \
+           "<|tool_call>call:lookup{word:oops<tool_call|><|tool_response>"
+    p = parse(ctx, text)
+    assert calls_of(p)[:2] == [("run_python", {"code": 'd = {"a": 1, "b": [2]}; print(d, "x:y,z")'}),
+                               ("get_weather", {"city": "Paris", "days": 3, "zip": "75001"})]
+    assert "do not parse" in p.tool_calls[2].error
+
+
+def test_pythonic_raw_strings_with_parentheses_and_quotes():
+    ctx = ctx_for("lfm2_2_5")
+    code = "print('it's (fine)'), x = f(a='1', b=\"2\")\n"
+    text = f"<|tool_call_start|>[run_python(code='{code}'), get_weather(city='Paris', zip='75001', days=3)," \
+           " lookup(word='naïve')]<|tool_call_end|><|im_end|>"
+    assert calls_of(parse(ctx, text)) == [
+        ("run_python", {"code": code}), ("get_weather", {"city": "Paris", "zip": "75001", "days": 3}),
+        ("lookup", {"word": "naïve"})]
+    typed = "<|tool_call_start|>[get_weather(city='Paris', zip='75001', days='3')]<|tool_call_end|><|im_end|>"
+    assert calls_of(parse(ctx, typed))[0][1]["days"] == 3
+    broken = "<|tool_call_start|>[run_python(code=print(1)]<|tool_call_end|><|im_end|>"
+    assert "do not parse" in parse(ctx, broken).tool_calls[0].error
+
+
+def test_pythonic_escaped_literals_and_json_values():
+    ctx = ctx_for("lfm2_v2")
+    text = "<|tool_call_start|>[run_python(code='it\\'s\\n'), f(a=[1, \"x\"], b={\"k\": true}, c=None)]" \
+           "<|tool_call_end|><|im_end|>"
+    assert calls_of(parse(ctx, text)) == [
+        ("run_python", {"code": "it's\n"}), ("f", {"a": [1, "x"], "b": {"k": True}, "c": None})]
+
+
+def test_deepseek_markers_v3_and_v31():
+    v3 = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>run_python\n```json\n{"code": "1"}\n```' \
+         '<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>lookup\n```json\n{"word": oops}\n```' \
+         "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+    content, _, calls = parse_deepseek("Sure." + v3)
+    assert content == "Sure." and (calls[0].name, calls[0].arguments, calls[0].error) == ("run_python", '{"code": "1"}',
+                                                                                         None)
+    assert calls[1].name == "lookup" and "not valid JSON" in calls[1].error
+    _, _, calls = parse_deepseek('<｜tool▁call▁begin｜>lookup<｜tool▁sep｜>{"word": "w"}<｜tool▁call▁end｜>')
+    assert (calls[0].name, calls[0].arguments) == ("lookup", '{"word": "w"}')
+
+
+@pytest.mark.parametrize(
+    "template, schema",
+    [
+        ("qwen3_6", "qwen3_5_template"),
+        ("nemotron_3_nano", "nemotron_3_template"),
+        ("glm4moe", "glm4moe_template"),
+        ("gemma4", "gemma4_template"),
+        ("lfm2_2_5", "lfm2_2_5_template"),
+        ("qwen3", "qwen3_template"),
+    ],
+)
+def test_agrees_with_parse_response_where_it_is_right(template, schema):
+    """transformers' parse_response as the oracle, on values it reads right (no edge whitespace, no ')' in strings)."""
+    import trl.chat_template_utils as t
+    from transformers.utils.chat_parsing import parse_response
+
+    ctx = ctx_for(template)
+    turn = Turn([("get_weather", {"city": "Paris", "zip": "75001", "days": 3}), ("lookup", {"word": "naïve"})], [],
+                "Think first.")
+    conv = [{"role": "user", "content": "go"}]
+    completion = model_completion(ctx, conv, assistant_message(ctx, turn, 0))
+    text = ctx.decode(completion)
+    prefix = ctx.tokenizer.apply_chat_template(conv, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    theirs = parse_response(text, getattr(t, schema), prefix=prefix, tools=TOOLS)
+    ours = ctx.parse_completion(completion, tools=TOOLS)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in theirs["tool_calls"]] == calls_of(ours)

@@ -1,0 +1,72 @@
+"""New families through a real server: RegisterTokenizer, then completion ids the template itself writes,
+Steps in a real sandbox, and prompt + completions + suffixes equal to the template's own render.
+
+Covers one template per new wire format (XML parameters, GLM arg_key with the overlap stop, Gemma 4's
+dialect with its stop-opens-results boundary, pythonic), and a refusal (DeepSeek V3's template bug).
+"""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from env_server.rendering import TokenizerRegistry
+from env_server.rendering import messages as msgs
+from tests.sessions import rpc_error
+from tito import wire
+from tito.v1 import environment_pb2 as pb
+from tito_assets.qwen_tokenizer import build_tokenizer_files
+
+pytestmark = pytest.mark.docker
+
+LOCAL = TokenizerRegistry(max_entries=8)
+
+
+def _expected(ctx, conv, tools):
+    return ctx.tokenizer.apply_chat_template(conv, tools=tools, add_generation_prompt=True, tokenize=True,
+                                             return_dict=False, sanitize_control_tokens=True)
+
+
+@pytest.mark.parametrize("template", ["qwen3_6", "glm4moe", "gemma4", "lfm2_2_5"])
+def test_two_rounds_and_an_answer_are_token_exact(stub, template):
+    files = build_tokenizer_files(template=template)
+    reg = stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=files), timeout=300)
+    ctx = LOCAL.register(files)
+    assert (reg.fingerprint, list(reg.stop_token_ids), reg.template_family) == (
+        ctx.fingerprint, ctx.stop_token_ids, ctx.family)
+    style = ctx.rules.style
+    conv = [{"role": "user", "content": "What is 6 times 7? Use Python."}]
+    opened = stub.OpenSession(pb.OpenSessionRequest(environment="python", tokenizer_fingerprint=reg.fingerprint,
+                                                    messages=[pb.Message(role="user", content=conv[0]["content"])]),
+                              timeout=60)
+    sid, tools = opened.session_id, [wire.tool_spec_from_pb(t).openai_spec() for t in opened.tools]
+    try:
+        ours = list(opened.prompt_ids)
+        assert ours == _expected(ctx, conv, tools)  # the prompt is the template's own render, with the tools
+        codes = ["x = 6 * 7\nprint('it\\'s', x)", "42"]  # the second looks like a number: it must stay a string
+        for seq, code in enumerate(codes, start=1):
+            turn = msgs.assistant(style, [(style.call_id(seq, 0), "run_python", {"code": code})],
+                                  "Let me compute." if style.reasoning_field else None)
+            completion = ctx.encode(ctx.completion_text(conv, turn, tools))
+            r = stub.Step(pb.StepRequest(session_id=sid, seq=seq, completion_ids=completion), timeout=120)
+            assert r.status == pb.STEP_STATUS_OK, r.detail
+            assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == [("run_python", {"code": code})]
+            assert "Error" not in r.tool_messages[0].content, r.tool_messages[0].content
+            conv = conv + [turn] + [wire.message_from_pb(m).to_dict() for m in r.tool_messages]
+            ours = ours + completion + list(r.suffix_ids)
+            assert ours == _expected(ctx, conv, tools), f"round {seq}: not the template's own render"
+        assert "42" in r.tool_messages[0].content
+        answer = ctx.encode(ctx.completion_text(conv, {"role": "assistant", "content": "It is 42."}, tools))
+        r = stub.Step(pb.StepRequest(session_id=sid, seq=len(codes) + 1, completion_ids=answer), timeout=60)
+        assert r.status == pb.STEP_STATUS_EPISODE_END and r.done
+    finally:
+        stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+
+
+def test_deepseek_v3_refused_with_the_reason(stub):
+    files = build_tokenizer_files(template="deepseekv3")
+    err = rpc_error(lambda: stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=files), timeout=300))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "keeps state across rounds" in err.details() and "step 'round trip'" in err.details()
