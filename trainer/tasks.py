@@ -19,6 +19,7 @@ answer, which the env then checks against what the sandbox computed).
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -64,11 +65,22 @@ def scripted_turn(meta: dict[str, Any], turn: int) -> str:
     The answer is the task's own, not text taken from the tool message, so no environment text
     is ever encoded into trained ids; the env still scores the answer, and a demonstration whose
     sandbox output disagrees earns reward 0 and is refused by the warm start."""
+    if answers_from_head(meta):
+        if turn == 0:
+            # Worded unlike the tool path's answer turn ("The answer is"), so that GRPO telling
+            # the two apart does not also push down the answer turn that follows a tool call.
+            return f"About {meta['estimate']}.<|im_end|>"
+        raise ValueError("the head teacher answers in one turn")
     if turn == 0:
         return tool_call_text(meta["code"])
     if turn == 1:
         return f"The answer is {meta['answer']}.<|im_end|>"
     raise ValueError(f"the teacher has no turn {turn}")
+
+
+def answers_from_head(meta: dict[str, Any]) -> bool:
+    """A demonstration whose teacher answers without the tool (see `PuzzleTask(head_demos=...)`)."""
+    return meta.get("teacher") == "head"
 
 
 def _rollout_used_tool(rollout: Rollout) -> bool:
@@ -158,8 +170,14 @@ def _prime_count_below(n: int) -> int:
     return sum(sieve[:n])
 
 
+def _round_sig(x: int, digits: int) -> int:
+    return int(float(f"{x:.{digits - 1}e}"))
+
+
 def make_puzzles(n: int, seed: int) -> list[dict[str, str]]:
-    """n interpreter puzzles, the same for the same seed: question, code, answer (computed here)."""
+    """n interpreter puzzles, the same for the same seed: question, code, answer (computed here)
+    and `estimate`, what one would say without running code (a rounded product, 4.5 per digit of
+    2**k, n/ln n primes, a guess of half the modulus): never exact, so the env scores it 0."""
     rng = random.Random(f"puzzles:{seed}")
     out = []
     for i in range(n):
@@ -167,19 +185,25 @@ def make_puzzles(n: int, seed: int) -> list[dict[str, str]]:
         if kind == 0:
             a, b = rng.randint(100_000, 999_999), rng.randint(100_000, 999_999)
             q, code, ans = f"What is {a} * {b}?", f"print({a} * {b})", a * b
+            est = _round_sig(a, 2) * _round_sig(b, 2)
         elif kind == 1:
             k = rng.randint(150, 999)
             q = f"What is the digit sum of 2**{k}?"
             code, ans = f"print(sum(map(int, str(2**{k}))))", sum(map(int, str(2**k)))
+            est = round(4.5 * (math.floor(k * math.log10(2)) + 1))
         elif kind == 2:
             a, e, m = rng.randint(1000, 9999), rng.randint(1000, 9999), rng.randint(10_000, 99_999)
             q, code, ans = f"What is {a}**{e} mod {m}?", f"print(pow({a}, {e}, {m}))", pow(a, e, m)
+            est = m // 2
         else:
             lim = rng.randint(1000, 3000)
             q = f"How many primes are below {lim}?"
             code = f"print(sum(all(p % d for d in range(2, p)) for p in range(2, {lim})))"
             ans = _prime_count_below(lim)
-        out.append({"question": q, "code": code, "answer": str(ans)})
+            est = round(lim / math.log(lim))
+        if est == ans:  # an estimate that happens to be exact would not be one
+            est += 1
+        out.append({"question": q, "code": code, "answer": str(ans), "estimate": str(est)})
     return out
 
 
@@ -187,10 +211,15 @@ class PuzzleTask:
     """A fixed pool of interpreter puzzles; every step asks `n_prompts` of them (a seeded draw).
 
     The pool is tiny on purpose: the demo's random 10M-parameter model can memorize it after a
-    warm start, so GRPO has something to sharpen within a CPU minute. This shows the machinery
+    warm start, so GRPO has something to work with within CPU minutes. This shows the machinery
     learning end to end, not arithmetic ability. With `require_tool_call` (default) an episode
     that answers without ever calling `run_python` scores 0, so answering from memory alone is
     not rewarded.
+
+    `head_demos`: per puzzle, this many extra warm-start demonstrations in which the teacher
+    answers at once with its `estimate` (no tool call; the env scores it 0) next to the one that
+    calls `run_python`. The warm-started policy then calls the tool in about 1 of 1+head_demos
+    rollouts, and only the env's reward tells GRPO which behaviour pays (examples/demo.yaml).
     """
 
     name = "puzzles"
@@ -198,15 +227,18 @@ class PuzzleTask:
     SYSTEM = "Use run_python to compute, then reply with the number."
 
     def __init__(self, seed: int = 0, n: int = 4, require_tool_call: bool = True,
-                 system: str | None = None) -> None:
+                 system: str | None = None, head_demos: int = 0) -> None:
         if n < 1:
             raise ValueError("n must be >= 1")
+        if head_demos < 0:
+            raise ValueError("head_demos must be >= 0")
         self.seed = seed
         self.puzzles = make_puzzles(n, seed)
         self.require_tool_call = require_tool_call
         self.system = self.SYSTEM if system is None else system
+        self.head_demos = head_demos
 
-    def _spec(self, group: int, p: dict[str, str]) -> RolloutSpec:
+    def _spec(self, group: int, p: dict[str, Any]) -> RolloutSpec:
         messages = [Message(Role.USER, p["question"])]
         if self.system:
             messages.insert(0, Message(Role.SYSTEM, self.system))
@@ -223,7 +255,9 @@ class PuzzleTask:
         return [self._spec(g, p) for g, p in enumerate(order[:n_prompts])]
 
     def demo_specs(self) -> list[RolloutSpec]:
-        return [self._spec(g, p) for g, p in enumerate(self.puzzles)]
+        metas = [dict(p, teacher="tool") for p in self.puzzles]
+        metas += [dict(p, teacher="head") for p in self.puzzles for _ in range(self.head_demos)]
+        return [self._spec(g, m) for g, m in enumerate(metas)]
 
     def teacher_turn(self, meta, turn) -> str:
         return scripted_turn(meta, turn)

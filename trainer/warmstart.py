@@ -14,7 +14,9 @@ A demonstration is an ordinary `Rollout`, collected by the ordinary rollout loop
 
 So demonstrations obey the same token contract and have the same ids/mask structure as GRPO
 rollouts. A demonstration must complete, call a tool, and (where the env scores) earn reward 1,
-or the warm start refuses to train on it. The loss is the cross-entropy of the mask-1 tokens
+or the warm start refuses to train on it. The one exception is a task's *head* demonstration
+(`tasks.answers_from_head`: an estimate given without the tool, for a warm start that shows both
+behaviours): it must complete without a tool call, and the env must score it 0. The loss is the cross-entropy of the mask-1 tokens
 (token-level mean over the batch).
 """
 
@@ -38,7 +40,7 @@ from trainer.env_client import EnvClient, RecordingEnvClient
 from trainer.model import collate, target_logprobs
 from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
 from trainer.state import Rollout, Status, TruncationCause
-from trainer.tasks import Encode, TeacherTask
+from trainer.tasks import Encode, TeacherTask, answers_from_head
 
 if TYPE_CHECKING:
     from trainer.setup import Run
@@ -112,6 +114,13 @@ async def build_demonstrations(
                 longest = max(t.generated for t in r.turns) if r.turns else 0
                 why += (f": a teacher turn needs more than budget.per_turn / context allows "
                         f"(longest turn so far {longest} tokens)")
+        elif answers_from_head(r.meta):
+            # A demonstration of answering without the tool: it must not call one, and the env
+            # must not accept its estimate (else it would not show that the tool is needed).
+            if r.tool_calls:
+                why = "the head teacher called a tool"
+            elif r.env_reward is not None and r.env_reward > 0.0:
+                why = f"the env accepted the head teacher's estimate ({r.env_reward})"
         elif r.tool_calls == 0:
             why = "the teacher never called a tool"
         elif r.env_reward is not None and r.env_reward < 1.0:

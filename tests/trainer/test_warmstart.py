@@ -40,6 +40,22 @@ def test_puzzle_pool_is_deterministic_and_answers_match_the_code():
         assert buf.getvalue().strip() == p["answer"], p
 
 
+def test_head_estimates_are_never_the_answer_and_head_demos_skip_the_tool():
+    for seed in range(20):
+        for p in make_puzzles(8, seed):
+            assert p["estimate"] != p["answer"], p
+    task = PuzzleTask(seed=0, n=4, head_demos=2)
+    specs = task.demo_specs()
+    assert [s.meta["teacher"] for s in specs] == ["tool"] * 4 + ["head"] * 8
+    assert len({s.group for s in specs}) == 12
+    head = specs[4].meta
+    assert task.teacher_turn(head, 0) == f"About {head['estimate']}.<|im_end|>"
+    assert task.teacher_turn(specs[0].meta, 0).startswith("<tool_call>")
+    with pytest.raises(ValueError):
+        task.teacher_turn(head, 1)
+    assert [s.meta["teacher"] for s in PuzzleTask(seed=0, n=4).demo_specs()] == ["tool"] * 4
+
+
 def test_puzzle_sampling_covers_the_pool_and_reward_needs_a_tool_call():
     task = PuzzleTask(seed=0, n=4)
     specs = task.sample(4, step=1)
@@ -113,7 +129,7 @@ def built(server, tok):
     def encode(text):
         return tokenizer.encode(text, add_special_tokens=False).ids
 
-    task = PuzzleTask(seed=0, n=2)
+    task = PuzzleTask(seed=0, n=2, head_demos=1)
     model = build_tiny_qwen3(seed=0)
     demos, records, rec, reg = asyncio.run(_demos(server, files, encode, task, LIMITS, model))
     return task, encode, demos, records, rec, reg, model
@@ -121,7 +137,7 @@ def built(server, tok):
 
 def test_demonstrations_are_prompt_teacher_suffix_teacher(built):
     task, encode, demos, records, rec, reg, _ = built
-    assert len(demos) == 2
+    assert len(demos) == 4  # one tool demonstration per puzzle, then one head demonstration each
     for d, record, puzzle in zip(demos, records, task.puzzles):
         assert d.status is Status.COMPLETED and d.env_reward == 1.0 and d.tool_calls == 1
         steps = rec.steps[d.session_id]
@@ -140,6 +156,19 @@ def test_demonstrations_are_prompt_teacher_suffix_teacher(built):
         d.check()
         assert record["teacher_turns"][1] == f"The answer is {puzzle['answer']}.<|im_end|>"
         assert record["tool_messages"] == [puzzle["answer"]]
+
+
+def test_head_demonstrations_answer_at_once_and_score_zero(built):
+    """A head demonstration is prompt + one teacher turn (the estimate), no tool, env reward 0."""
+    task, encode, demos, records, rec, _, _ = built
+    for d, record, puzzle in zip(demos[2:], records[2:], task.puzzles):
+        assert d.status is Status.COMPLETED and d.tool_calls == 0 and d.env_reward == 0.0
+        steps = rec.steps[d.session_id]
+        assert [s.status for s in steps] == [StepStatus.EPISODE_END]
+        turn = encode(f"About {puzzle['estimate']}.<|im_end|>")
+        assert d.ids == [*rec.prompts[d.session_id], *turn]
+        assert d.mask == [0] * d.prompt_len + [1] * len(turn)
+        assert record["meta"]["teacher"] == "head" and record["tool_messages"] == []
 
 
 def test_sft_loss_is_teacher_token_cross_entropy_and_decreases(built):

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The demo (examples/demo.yaml) for several seeds, then the mean reward of the first and the last
+# 5 GRPO steps of each. Each seed draws its own puzzle pool, model init and samples.
+#
+#   ./scripts/demo_seeds.sh               # seeds 0 1 2
+#   ./scripts/demo_seeds.sh 3 4           # other seeds
+#
+# Uses the env server at 127.0.0.1:${TITO_PORT:-50051} if one is SERVING there, else starts a local
+# one (.venv/bin/python -m env_server) and stops it at the end. Needs `scripts/setup.sh` done first
+# (./scripts/demo.sh does it). Outputs: runs/demo_seed<S>/ (metrics.jsonl, metrics.png, ...).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SEEDS=("$@")
+[ ${#SEEDS[@]} -gt 0 ] || SEEDS=(0 1 2)
+PORT=${TITO_PORT:-50051}
+TARGET=127.0.0.1:$PORT
+log() { printf '[demo_seeds] %s\n' "$*"; }
+
+serving() { .venv/bin/python -m env_server.healthcheck "$TARGET" >/dev/null 2>&1; }
+SERVER_PID=
+stop_local() {
+    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill -TERM "$SERVER_PID" 2>/dev/null || true
+        for _ in $(seq 1 30); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL "$SERVER_PID" 2>/dev/null || true
+    fi
+}
+mkdir -p runs
+if serving; then
+    log "using the env server SERVING on $TARGET"
+else
+    log "starting a local env server on $TARGET (log: runs/demo_seeds_env_server.log)"
+    .venv/bin/python -m env_server --port "$PORT" --metrics-port 0 --server-name demo-seeds \
+        >runs/demo_seeds_env_server.log 2>&1 &
+    SERVER_PID=$!
+    trap stop_local EXIT
+    for _ in $(seq 1 120); do serving && break; sleep 0.5; done
+    serving || { tail -n 40 runs/demo_seeds_env_server.log >&2; log "the server did not start"; exit 1; }
+fi
+
+for s in "${SEEDS[@]}"; do
+    log "seed $s: python -m trainer --config examples/demo.yaml --set seed=$s --output-dir runs/demo_seed$s"
+    start=$(date +%s)
+    .venv/bin/python -m trainer --config examples/demo.yaml --env-address "$TARGET" \
+        --set seed="$s" --set progress=false --output-dir "runs/demo_seed$s"
+    echo "$(( $(date +%s) - start ))" >"runs/demo_seed$s/wall_s"
+done
+
+.venv/bin/python - "${SEEDS[@]}" <<'EOF'
+import json, sys
+print(f"{'seed':>4} {'first 5':>8} {'last 5':>8} {'rise':>6} {'steps':>5} {'wall s':>6}")
+for s in sys.argv[1:]:
+    d = f"runs/demo_seed{s}"
+    r = [json.loads(x)["reward_mean"] for x in open(f"{d}/metrics.jsonl")]
+    r = [x if x is not None else 0.0 for x in r]
+    first, last = sum(r[:5]) / 5, sum(r[-5:]) / 5
+    wall = open(f"{d}/wall_s").read().strip()
+    print(f"{s:>4} {first:8.3f} {last:8.3f} {last - first:+6.3f} {len(r):5d} {wall:>6}")
+EOF
