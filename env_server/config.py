@@ -89,6 +89,8 @@ class ServerConfig(BaseSettings):
     )
     load_entry_points: bool = Field(True, description="Also load environments from 'tito.environments' entry points.")
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest gRPC request or response.")
+    max_tokenizer_bytes: int = Field(128 * 1024 * 1024, ge=1024,
+                                     description="Largest RegisterTokenizer upload (all files together).")
     tokenizer_cache_size: int = Field(16, ge=1, description="Registered tokenizers kept in memory.")
     shutdown_grace_s: float = Field(10.0, ge=0, description="In-flight calls get this long to finish on shutdown.")
     event_loop: Literal["auto", "uvloop", "asyncio"] = Field(

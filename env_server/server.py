@@ -43,7 +43,8 @@ class EnvServer:
         self.metrics = ServerMetrics()
         self.environments = load_environments(self.config.environments, self.config.load_entry_points)
         self.pool = SandboxPool(self.config.sandbox, self.config.pool, self.config.server_name, self.instance_id)
-        self.tokenizers = TokenizerRegistry(max_entries=self.config.tokenizer_cache_size)
+        self.tokenizers = TokenizerRegistry(max_entries=self.config.tokenizer_cache_size,
+                                            max_upload_bytes=self.config.max_tokenizer_bytes)
         self.sessions = SessionRegistry(self.config.max_sessions, on_closed=self._on_session_closed)
         self.health = health.aio.HealthServicer()
         # Read now, so a bad file stops `python -m env_server` before anything starts.
@@ -64,9 +65,12 @@ class EnvServer:
 
     async def start(self) -> None:
         interceptors = [TokenAuthInterceptor(self.tokens)] if self.tokens else []
-        server = grpc.aio.server(options=server_options(self.config.max_message_bytes), interceptors=interceptors)
+        # The transport takes tokenizer uploads (plus room for the message framing); the servicer holds
+        # every other RPC to max_message_bytes.
+        transport = max(self.config.max_message_bytes, self.config.max_tokenizer_bytes + (1 << 20))
+        server = grpc.aio.server(options=server_options(transport), interceptors=interceptors)
         engine = Engine(self.config, self.environments, self.pool, self.tokenizers, self.sessions, self.metrics)
-        service = EnvironmentService(engine)
+        service = EnvironmentService(engine, max_message_bytes=self.config.max_message_bytes)
         pb_grpc.add_EnvironmentServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
