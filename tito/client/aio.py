@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tito import wire
 from tito.client.connection import TlsOptions, call_metadata, open_channel
-from tito.client.errors import FailedPreconditionError, NotServingError, TitoError, error_from_rpc
+from tito.client.errors import FailedPreconditionError, NotFoundError, NotServingError, TitoError, error_from_rpc
 from tito.fingerprint import RENDERER_VERSION, compute_fingerprint
 from tito.tokenizer_files import tokenizer_files
 from tito.types import (
@@ -120,7 +120,7 @@ class AsyncTitoClient:
     async def environment(self, name: str) -> EnvironmentInfo:
         envs = {e.name: e for e in await self.list_environments()}
         if name not in envs:
-            raise TitoError("ListEnvironments", grpc.StatusCode.NOT_FOUND,
+            raise NotFoundError("ListEnvironments", grpc.StatusCode.NOT_FOUND,
                             f"environment {name!r} is not offered by {self.address}; it has {sorted(envs)}")
         return envs[name]
 
