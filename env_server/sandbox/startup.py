@@ -131,15 +131,16 @@ class SandboxStart:
     async def _open_endpoint(self) -> None:
         if self.config.channel != "socket":
             return
-        endpoint = SocketEndpoint(self.config.socket_dir, self.instance_id, self.session_id, self.config.user,
-                                  self.server_name)
+        # Kept before it opens, so a start cancelled meanwhile still removes its folder and socket.
+        self.endpoint = SocketEndpoint(self.config.socket_dir, self.instance_id, self.session_id, self.config.user,
+                                       self.server_name)
         try:
-            await asyncio.get_running_loop().run_in_executor(self.executor, endpoint.open)
+            await asyncio.get_running_loop().run_in_executor(self.executor, self.endpoint.open)
         except OSError as exc:
             _warn_once(f"cannot listen in socket_dir {self.config.socket_dir!r} ({exc}); sandboxes use the "
                        "slower attach channel (set sandbox.socket_dir to a writable folder)")
-            return
-        self.endpoint = endpoint
+            self.endpoint.close()
+            self.endpoint = None
 
     def _boot_container(self) -> socket.socket:
         """Create, attach, start (blocking). Attach comes before start so no output is missed."""
