@@ -178,8 +178,8 @@ def markdown(rows: list[Row]) -> str:
         cases = ""
         if r.cases:
             exact = sum(v == "exact" for v in r.cases.values())
-            na = [f"{k}: {v[4:].split(' (')[0]}" for k, v in r.cases.items() if v != "exact"]
-            cases = f"{exact}/{len(r.cases)} exact" + (f" ({'; '.join(na)})" if na else "")
+            na = [f"{k}: {v.removeprefix('n/a:').split(' (')[0].strip()}" for k, v in r.cases.items() if v != "exact"]
+            cases = f"{exact}/{len(r.cases)} exact" + (f", n/a: {'; '.join(na)}" if na else "")
         cells = [r.template, r.verdict, r.family, r.wire, r.stops, cases, r.detail]
         lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines) + "\n"
