@@ -125,7 +125,8 @@ class SandboxStart:
         # Shielded: a timeout must not abandon the blocking call; `abort` waits for it.
         sock = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._boot)), left())
         self.attach = await ReplChannel.open(sock, name=self.session_id[:12], max_line_bytes=self._max_line)
-        ready = protocol.parse_ready(await asyncio.wait_for(self.attach.wait_ready(), left()))
+        timeout = left()  # before the coroutine exists: a spent deadline must not leave it never awaited
+        ready = protocol.parse_ready(await asyncio.wait_for(self.attach.wait_ready(), timeout))
         self.calls = await self._accept_socket(ready, left()) or self.attach
 
     async def _open_endpoint(self) -> None:

@@ -9,7 +9,8 @@
   records that left take no new sessions. With TLS the certificate is checked against the name, not
   the IP.
 - Health: every replica's grpc.health.v1 is polled every `health_interval_s`; only SERVING ones take
-  new sessions.
+  new sessions. A SERVING replica whose check merely times out (busy, e.g. loading a tokenizer) stays
+  SERVING until `slow_checks` checks in a row have timed out (after `health_timeout_s`); NOT_SERVING or unreachable counts at once.
 - Placement: a new session goes to the SERVING replica with the fewest open sessions (ties in turn);
   a replica that is full (RESOURCE_EXHAUSTED) or unreachable is skipped and the next one tried.
 - Affinity: the client remembers which replica opened each session; every later call of the session
@@ -54,6 +55,7 @@ class Replica:
     in_dns: bool = True  # False once its name no longer resolves to it: no new sessions
     sessions: set[str] = field(default_factory=set)
     opening: int = 0
+    slow_checks: int = 0  # health checks in a row that timed out while it was SERVING
     registered: set[str] = field(default_factory=set)  # tokenizer fingerprints
 
     @property
@@ -91,12 +93,17 @@ class AsyncReplicaClient:
     """`AsyncTitoClient`'s methods over several replicas (see the module's docstring)."""
 
     def __init__(self, addresses: str | Sequence[str], *, health_interval_s: float = 1.0,
-                 resolve_interval_s: float = 30.0, tls: TlsOptions | None = None, **client_kwargs: Any) -> None:
+                 resolve_interval_s: float = 30.0, health_timeout_s: float = 2.0, slow_checks: int = 3, tls: TlsOptions | None = None,
+                 **client_kwargs: Any) -> None:
         targets = [addresses] if isinstance(addresses, str) else list(addresses)
         if not targets:
             raise ValueError("AsyncReplicaClient needs at least one HOST:PORT")
         self.targets = [split_address(t) for t in targets]
         self.health_interval_s = health_interval_s
+        if slow_checks < 1:
+            raise ValueError("slow_checks must be at least 1")
+        self.slow_checks = slow_checks
+        self.health_timeout_s = health_timeout_s
         self.resolve_interval_s = resolve_interval_s
         self.tls = tls
         self.client_kwargs = client_kwargs  # token, credentials, metadata, deadline_s, retries, backoff_s
@@ -161,16 +168,24 @@ class AsyncReplicaClient:
                 log.exception("replica watch failed; trying again")
 
     async def _check_all(self) -> None:
-        await asyncio.gather(*(self._check(r) for r in list(self.replicas.values())))
+        await asyncio.gather(*(self._check(r, tolerate_slow=True) for r in list(self.replicas.values())))
 
-    async def _check(self, replica: Replica, timeout_s: float = 2.0) -> str:
+    async def _check(self, replica: Replica, tolerate_slow: bool = False) -> str:
         stub = health_pb2_grpc.HealthStub(replica.client.channel)
         try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s,
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.health_timeout_s,
                                      metadata=replica.client.metadata or None)
             state = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            replica.slow_checks = 0
         except grpc.aio.AioRpcError as e:
             state = f"{e.code().name}: {e.details()}"
+            if e.code() is grpc.StatusCode.DEADLINE_EXCEEDED and replica.state == SERVING:
+                # A busy server answers late but still serves: one slow check must not send new sessions away.
+                replica.slow_checks += 1
+                if tolerate_slow and replica.slow_checks < self.slow_checks:
+                    log.info("replica %s: health check timed out (%d in a row); still counted as SERVING",
+                             replica.address, replica.slow_checks)
+                    return replica.state
         if state != replica.state:
             log.info("replica %s: %s", replica.address, state)
         replica.state = state
