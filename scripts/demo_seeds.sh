@@ -7,7 +7,8 @@
 #
 # Uses the env server at 127.0.0.1:${TITO_PORT:-50051} if one is SERVING there, else starts a local
 # one (.venv/bin/python -m env_server) and stops it at the end. Needs `scripts/setup.sh` done first
-# (./scripts/demo.sh does it). Outputs: runs/demo_seed<S>/ (metrics.jsonl, metrics.png, ...).
+# (./scripts/demo.sh does it). Outputs: runs/demo_seed<S>/ (metrics.jsonl, metrics.png, ...) and
+# runs/demo_seeds.png (every seed's reward curve and their mean; docs/img/demo_reward.png is a copy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SEEDS=("$@")
@@ -46,14 +47,7 @@ for s in "${SEEDS[@]}"; do
     echo "$(( $(date +%s) - start ))" >"runs/demo_seed$s/wall_s"
 done
 
-.venv/bin/python - "${SEEDS[@]}" <<'EOF'
-import json, sys
-print(f"{'seed':>4} {'first 5':>8} {'last 5':>8} {'rise':>6} {'steps':>5} {'wall s':>6}")
-for s in sys.argv[1:]:
-    d = f"runs/demo_seed{s}"
-    r = [json.loads(x)["reward_mean"] for x in open(f"{d}/metrics.jsonl")]
-    r = [x if x is not None else 0.0 for x in r]
-    first, last = sum(r[:5]) / 5, sum(r[-5:]) / 5
-    wall = open(f"{d}/wall_s").read().strip()
-    print(f"{s:>4} {first:8.3f} {last:8.3f} {last - first:+6.3f} {len(r):5d} {wall:>6}")
-EOF
+RUNS=()
+for s in "${SEEDS[@]}"; do RUNS+=("runs/demo_seed$s"); done
+.venv/bin/python -m trainer.seeds_report "${RUNS[@]}" --plot runs/demo_seeds.png \
+    --title "examples/demo.yaml, seeds ${SEEDS[*]}"
