@@ -1,21 +1,20 @@
 """Size limits: tokenizer uploads up to max_tokenizer_bytes, every other RPC capped at max_message_bytes.
 
-No Docker needed: the registry and the servicer are driven directly (the transport's receive limit
-is the server's, set in server.py from both settings).
+The registry's own check is driven directly; the rest goes through a real server on loopback, started
+with a small max_message_bytes, and the real client.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import grpc
 import pytest
 
-from env_server.errors import ErrorKind
 from env_server.rendering import TokenizerRegistry, UploadTooLargeError
 from env_server.rendering.registry import DEFAULT_MAX_UPLOAD_BYTES, _check_files
-from env_server.service import EnvironmentService
+from tests.harness import start_server
+from tito.client import ResourceExhaustedError, TitoClient
 from tito.v1 import environment_pb2 as pb
 
 MB = 1000 * 1000
@@ -38,52 +37,59 @@ def test_upload_limit_is_configurable():
         TokenizerRegistry(max_upload_bytes=1000).register({"tokenizer.json": b"{}" * 600})
 
 
-class _Aborted(Exception):
-    pass
+@pytest.fixture(scope="module")
+def small_message_server(docker_ok, tmp_path_factory):
+    """A real server whose max_message_bytes is 64 KiB; max_tokenizer_bytes stays at its default."""
+    srv = start_server(tmp_path_factory.mktemp("limits"), env={"TITO_MAX_MESSAGE_BYTES": str(64 * 1024)})
+    yield srv
+    srv.terminate()
 
 
-class _Context:
-    async def abort(self, code, details):
-        self.code, self.details = code, details
-        raise _Aborted
+def _big_tokenizer_files(size: int) -> dict[str, bytes]:
+    """The offline Qwen tokenizer with unused long vocabulary entries added until tokenizer.json is `size`
+    bytes, compact (a 262k-vocabulary tokenizer.json of a current model family is ~30-40 MB)."""
+    from tito_assets.qwen_tokenizer import build_tokenizer_files
+
+    files = build_tokenizer_files(template="qwen2_5")
+    tok = json.loads(files["tokenizer.json"])
+    vocab = tok["model"]["vocab"]
+    base = len(json.dumps(tok, ensure_ascii=False, separators=(",", ":")).encode())
+    next_id = 1 + max(max(vocab.values()), *(t["id"] for t in tok["added_tokens"]))
+    n = 0
+    while base < size:
+        key = f"{n:07d}" + "x" * 96
+        vocab[key] = next_id + n
+        base += len(f'"{key}":{next_id + n},')  # what the entry adds, compact
+        n += 1
+    files["tokenizer.json"] = json.dumps(tok, ensure_ascii=False, separators=(",", ":")).encode()
+    return files
 
 
-class _Metrics:
-    class errors:  # noqa: N801 - mimics prometheus' labels(...).inc()
-        @staticmethod
-        def labels(*_):
-            return type("C", (), {"inc": staticmethod(lambda: None)})
+@pytest.mark.docker
+def test_a_40mb_tokenizer_registers_and_a_200mb_upload_is_refused_naming_the_limit(small_message_server):
+    files = _big_tokenizer_files(40 * MB)
+    assert len(files["tokenizer.json"]) >= 40 * MB
+    with TitoClient(small_message_server.address) as client:
+        # Over max_message_bytes (64 KiB) many times: uploads are capped by max_tokenizer_bytes instead.
+        reg = client.register_tokenizer(files)
+        assert reg.template_family and reg.stop_token_ids
+        session = client.open_session("python", [{"role": "user", "content": "hi"}], fingerprint=reg.fingerprint)
+        assert session.prompt_ids
+        session.close()
+
+        with pytest.raises(ResourceExhaustedError) as e:
+            client.register_tokenizer({"tokenizer.json": b'{"pad": "' + b"x" * (200 * MB) + b'"}'})
+        assert e.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_tokenizer_bytes" in e.value.details and "TITO_MAX_TOKENIZER_BYTES" in e.value.details
+        assert str(DEFAULT_MAX_UPLOAD_BYTES + (1 << 20)) in e.value.details  # the transport's limit, in bytes
 
 
-class _Engine:
-    metrics = _Metrics()
-
-    def list_environments(self):
-        return []
-
-    async def register_tokenizer(self, files, kwargs_json):
-        from env_server.errors import RequestError
-
-        raise RequestError(ErrorKind.FAILED_PRECONDITION, f"reached the engine with {sum(map(len, files.values()))}")
-
-    async def step(self, session_id, turn):
-        raise AssertionError("an oversized Step must not reach the engine")
-
-
-def _call(service, rpc, request):
-    ctx = _Context()
-    with pytest.raises(_Aborted):
-        asyncio.run(getattr(service, rpc)(request, ctx))
-    return ctx
-
-
-def test_requests_over_max_message_bytes_are_refused_except_uploads():
-    service = EnvironmentService(_Engine(), max_message_bytes=4096)
-    big = pb.StepRequest(session_id="s", seq=1, completion_ids=list(range(100_000, 102_000)))
-    ctx = _call(service, "Step", big)
-    assert ctx.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "max_message_bytes of 4096" in ctx.details and "TITO_MAX_MESSAGE_BYTES" in ctx.details
-    # RegisterTokenizer is not capped by max_message_bytes: it reaches the engine (the registry caps it).
-    upload = pb.RegisterTokenizerRequest(files={"tokenizer.json": json.dumps({"x": "y" * 10_000}).encode()})
-    ctx = _call(service, "RegisterTokenizer", upload)
-    assert ctx.code == grpc.StatusCode.FAILED_PRECONDITION and "reached the engine" in ctx.details
+@pytest.mark.docker
+def test_other_requests_over_max_message_bytes_are_refused_naming_the_setting(small_message_server):
+    stub = small_message_server.stub()
+    big = pb.StepRequest(session_id="s", seq=1, completion_ids=list(range(100_000, 130_000)))
+    assert big.ByteSize() > 64 * 1024
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Step(big, timeout=30)
+    assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_message_bytes of 65536" in e.value.details() and "TITO_MAX_MESSAGE_BYTES" in e.value.details()

@@ -26,7 +26,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tito import wire
 from tito.client.connection import TlsOptions, call_metadata, open_channel
-from tito.client.errors import FailedPreconditionError, NotFoundError, NotServingError, TitoError, error_from_rpc
+from tito.client.errors import (
+    FailedPreconditionError,
+    NotFoundError,
+    NotServingError,
+    ResourceExhaustedError,
+    TitoError,
+    error_from_rpc,
+)
 from tito.fingerprint import RENDERER_VERSION, compute_fingerprint
 from tito.tokenizer_files import tokenizer_files
 from tito.types import (
@@ -133,8 +140,18 @@ class AsyncTitoClient:
         """
         files = tokenizer_files(tokenizer)
         kwargs = dict(chat_template_kwargs or {})
-        resp = await self._call("RegisterTokenizer", pb.RegisterTokenizerRequest(
-            files=files, chat_template_kwargs_json=json.dumps(kwargs)))
+        request = pb.RegisterTokenizerRequest(files=files, chat_template_kwargs_json=json.dumps(kwargs))
+        try:
+            resp = await self._call("RegisterTokenizer", request)
+        except ResourceExhaustedError as e:
+            if "larger than max" not in e.details:
+                raise
+            # gRPC's own refusal names bytes only: say which server setting sets them.
+            raise ResourceExhaustedError("RegisterTokenizer", e.code, (
+                f"the upload is {request.ByteSize()} bytes, more than this server takes in one message "
+                f"({e.details}); a server takes tokenizer files up to its max_tokenizer_bytes "
+                "(TITO_MAX_TOKENIZER_BYTES, default 128 MiB): raise it on the server, or upload only "
+                "tokenizer.json, tokenizer_config.json and the chat template")) from None
         reg = wire.registration_from_pb(resp)
         local = compute_fingerprint(files, kwargs, RENDERER_VERSION)
         if reg.fingerprint != local:
