@@ -208,7 +208,8 @@ class Episode:
 
     async def _with_suffix(self, result: StepResult, budget: int | None) -> StepResult:
         assert self.renderer is not None
-        render = functools.partial(self.renderer.render_suffix, result.tool_calls, result.tool_messages, budget)
+        render = functools.partial(self.renderer.render_suffix, result.tool_calls, result.tool_messages, budget,
+                                   later_round=result.seq > 1)
         big = sum(len(m.content) for m in result.tool_messages) > _OFFLOAD_RENDER_CHARS
         suffix = await asyncio.to_thread(render) if big else render()
         if suffix.overflow:

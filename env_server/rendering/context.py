@@ -58,9 +58,10 @@ class RenderingContext:
         self._head = msgs.head(self.rules.style)
         self._reasoning = msgs.SYNTHETIC_REASONING if self.rules.style.reasoning_in_synthetic else None
         self._ids_matter = self._template_reads_ids()
-        self._turns: dict[tuple, tuple] = {}  # (names, ids) -> (synthetic conversation, its render, ids)
+        self._turns: dict[tuple, tuple] = {}  # (names, ids, later) -> (synthetic conversation, its render, ids)
         self._index_of: tuple[Any, dict] = (None, {})
         self._lock = threading.Lock()
+        self.rounds_differ = self._rounds_differ()
 
     @property
     def family(self) -> str:
@@ -172,9 +173,28 @@ class RenderingContext:
                 return True
         return renders[0] != renders[1]
 
-    def _call_turn(self, tool_calls: Sequence[ToolCall]) -> tuple[list[dict], str, tuple[str, ...]]:
+    def _earlier_round(self) -> list[dict]:
+        """One finished tool round, for templates whose later rounds render differently from the first."""
+        style = self.rules.style
+        calls = [(style.call_id(1, 0), "lookup", {})]
+        return [msgs.assistant(style, calls, self._reasoning), msgs.tool("lookup", calls[0][0], "r")]
+
+    def _rounds_differ(self) -> bool:
+        """Whether a tool turn after an earlier round renders differently from the first one (DeepSeek V3's
+        template opens the tool outputs only once per conversation). Such a template gets two suffix shapes,
+        the first round's and every later one's; the golden check's three rounds verify that two suffice."""
+        group = [msgs.tool("lookup", self.rules.style.call_id(0, 0), "r")]
+        calls = [ToolCall(self.rules.style.call_id(0, 0), "lookup", "{}")]
+        try:
+            return self.suffix_text(calls, group) != self.suffix_text(calls, group, later_round=True, _probe=True)
+        except Exception:
+            return False  # the golden check reports what does not render
+
+    def _call_turn(self, tool_calls: Sequence[ToolCall], later_round: bool = False
+                   ) -> tuple[list[dict], str, tuple[str, ...]]:
         """The synthetic conversation through a turn calling these tools (sanitized), its render through the
-        boundary, and the call ids the results must carry; cached by names (and ids, where they show)."""
+        boundary, and the call ids the results must carry; cached by names (and ids, where they show).
+        `later_round`: after one earlier tool round (only used where `rounds_differ`)."""
         style = self.rules.style
         calls = list(tool_calls)[: self.rules.max_calls_per_turn or None]
         names = tuple(c.name or _NO_NAME for c in calls)
@@ -182,11 +202,11 @@ class RenderingContext:
             ids = tuple(c.id or style.call_id(0, i) for i, c in enumerate(calls))
         else:  # fixed ids for the call turn and the results alike
             ids = tuple(style.call_id(0, i) for i in range(len(calls)))
-        hit = self._turns.get((names, ids))
+        hit = self._turns.get((names, ids, later_round))
         if hit is not None:
             return hit
         turn = msgs.assistant(style, [(i, n, {}) for i, n in zip(ids, names)], self._reasoning)
-        base = self.sanitize(self._head + [turn])
+        base = self.sanitize(self._head + (self._earlier_round() if later_round else []) + [turn])
         first = self.render_text(base, None, False)
         boundary = self.rules.boundary
         if self.rules.overlap:
@@ -201,15 +221,17 @@ class RenderingContext:
         with self._lock:
             if len(self._turns) >= _CACHE_LIMIT:
                 self._turns.clear()
-            self._turns[(names, ids)] = (base, prefix, ids)
+            self._turns[(names, ids, later_round)] = (base, prefix, ids)
         return base, prefix, ids
 
-    def suffix_text(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict]) -> str:
-        """The suffix as (sanitized) template text; raises SuffixRenderError if not prefix-stable."""
+    def suffix_text(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict], later_round: bool = False,
+                    _probe: bool = False) -> str:
+        """The suffix as (sanitized) template text; raises SuffixRenderError if not prefix-stable.
+        `later_round`: the session has had a tool round before this one (matters where `rounds_differ`)."""
         if not tool_messages:
             raise ValueError("render_suffix needs at least one tool message")
         try:
-            base, prefix, ids = self._call_turn(tool_calls)
+            base, prefix, ids = self._call_turn(tool_calls, later_round and (_probe or self.rounds_differ))
             if not self._ids_matter:
                 tool_messages = [dict(m, tool_call_id=ids[i]) if i < len(ids) else m
                                  for i, m in enumerate(tool_messages)]
@@ -224,17 +246,18 @@ class RenderingContext:
                 "refusing rather than returning ids the trainer would train on")
         return second[len(prefix):]
 
-    def _suffix_ids(self, tool_calls: Sequence[ToolCall], group: list[dict]) -> list[int]:
-        return self.encode(self.suffix_text(tool_calls, group))
+    def _suffix_ids(self, tool_calls: Sequence[ToolCall], group: list[dict], later_round: bool) -> list[int]:
+        return self.encode(self.suffix_text(tool_calls, group, later_round))
 
     def render_suffix(self, tool_calls: Sequence[ToolCall], tool_messages: Sequence[Message | dict],
-                      max_suffix_tokens: int | None) -> SuffixResult:
-        """Suffix ids for one tool group, cut to ``max_suffix_tokens`` (None: no limit; 0 is a budget)."""
+                      max_suffix_tokens: int | None, later_round: bool = False) -> SuffixResult:
+        """Suffix ids for one tool group, cut to ``max_suffix_tokens`` (None: no limit; 0 is a budget).
+        `later_round`: not the session's first tool round."""
         group = msgs.tool_group(tool_calls, tool_messages)
-        ids = self._suffix_ids(tool_calls, group)
+        ids = self._suffix_ids(tool_calls, group, later_round)
         if max_suffix_tokens is None or len(ids) <= max_suffix_tokens:
             return SuffixResult(ids=ids, truncated=False, overflow=False, tool_messages=msgs.as_messages(group))
-        return fit(self.template, group, max_suffix_tokens, lambda cut: self._suffix_ids(tool_calls, cut))
+        return fit(self.template, group, max_suffix_tokens, lambda cut: self._suffix_ids(tool_calls, cut, later_round))
 
     # ------------------------------------------------------------ the model's turn, as the template writes it
 

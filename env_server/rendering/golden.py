@@ -70,7 +70,7 @@ def run_trajectory(ctx: RenderingContext, rounds: list[Round], label: str, reaso
                           f"parser: wrote {rnd.calls}, parsed {got} from {text[-400:]!r}"
                           + ("" if parsed.stopped else " (it does not end with a stop token)"))
         results = [Message.tool_result(c, out) for c, out in zip(parsed.tool_calls, rnd.outputs)]
-        suffix = ctx.render_suffix(parsed.tool_calls, results, None).ids
+        suffix = ctx.render_suffix(parsed.tool_calls, results, None, later_round=k > 0).ids
         suffix_text = ctx.decode(suffix)
         for out in rnd.outputs:
             if out.strip() and out.strip()[:20] not in suffix_text and json.dumps(out.strip())[1:21] not in suffix_text:
@@ -93,8 +93,10 @@ def run_trajectory(ctx: RenderingContext, rounds: list[Round], label: str, reaso
             ours = expected  # go on from the template's own text
         else:
             raise _refuse(label, k, (
-                "the template keeps state across rounds: it renders this round's tool turn differently from a "
-                "single round's, so tool-turn ids cannot be computed per step (its render ends with "
+                "the template keeps state across rounds: it renders this round's tool turn differently from "
+                "both the first round's and a later round's (tito follows one change of shape after the first "
+                "round, as DeepSeek V3's template has, not more), so tool-turn ids cannot be computed per step "
+                "(its render ends with "
                 f"{ctx.decode(expected[len(expected) - len(suffix):])!r} where the suffix is {suffix_text!r}). "
                 "Fix the template so every round's tool turn renders the same way, or use another template"))
     return exact

@@ -15,12 +15,13 @@ def ctx(request):
 
 def pytest_terminal_summary(terminalreporter):
     """The family × verdict table of test_families.py, when it ran."""
+    from .families_walk import cases_summary
     from .test_families import ROWS
 
     if not ROWS:
         return
     terminalreporter.section("chat-template families (template × verdict)")
     for row in ROWS.values():
-        cases = f"{sum(v == 'exact' for v in row.cases.values())}/{len(row.cases)} cases exact" if row.cases else ""
+        cases = cases_summary(row, with_na=False)
         what = f"{row.family} ({row.wire})" if row.verdict == "accepted" else row.detail
         terminalreporter.write_line(f"{row.template:26} {row.verdict:9} {cases:18} {what[:150]}")

@@ -16,16 +16,19 @@ from pathlib import Path
 
 from env_server.rendering import RenderingContext, UnsupportedTemplateError
 
-from .helpers import REGISTRY, Turn, files_for, walk
+from .helpers import REGISTRY, Turn, Walk, files_for, walk
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "families.md"
 PY = "run_python"
 
 # Templates the walk does not register, and why.
 VISION_ONLY = ("idefics3", "llava_next", "qwen2_5_vl", "smolvlm")
-# Named in the issue: these must be accepted and exact (deepseekv3 may be refused for its template's own bug).
+# Named in the issue: these must be accepted, every case exact or (deepseekv3, whose template rewrites its own
+# history) suffix-exact.
 MUST_ACCEPT = ("qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3_1", "llama3_2", "gptoss", "qwen3_6",
-               "nemotron_3_nano", "glm4moe", "gemma4", "lfm2_2_5")
+               "nemotron_3_nano", "glm4moe", "gemma4", "lfm2_2_5", "deepseekv3")
+TAIL_EXACT = ("suffix exact: the template renders earlier turns otherwise once later ones follow; ids are what the "
+              "model saw at each round, each suffix the exact tail of the template's render")
 
 
 def all_templates() -> list[str]:
@@ -56,7 +59,7 @@ def _resplit(ctx: RenderingContext, ids: list[int]) -> list[int]:
     return ids[:i] + pieces + ids[i + 1:]
 
 
-def _special_output(ctx: RenderingContext) -> None:
+def _special_output(ctx: RenderingContext) -> Walk:
     # The control tokens: special tokens and added tokens the template writes (transformers' sanitize set).
     controls = ctx.tokenizer._get_control_tokens(ctx.template.source)
     w = walk(ctx, [Turn([(PY, {"code": "print(...)"})], [f"printed: {' '.join(controls)} end"])])
@@ -65,44 +68,46 @@ def _special_output(ctx: RenderingContext) -> None:
     # No control token appeared from the output: every literal was tokenized as text.
     assert sorted(t for t in w.suffixes[0].ids if t in specials) == sorted(
         t for t in plain.suffixes[0].ids if t in specials)
+    return w
 
 
-def _budget(ctx: RenderingContext) -> None:
+def _budget(ctx: RenderingContext) -> Walk:
     long = "".join(f"line {i}: {'x' * (i % 17)} ✓\n" for i in range(2000))
     w = walk(ctx, [Turn([(PY, {"code": "spam()"})], [long])], budget=200)
     s = w.suffixes[0]
     assert s.truncated and not s.overflow and 192 <= len(s.ids) <= 200
     assert "tokens truncated]" in s.tool_messages[0].content
+    return w
 
 
-def _parallel(ctx: RenderingContext) -> str | None:
+def _parallel(ctx: RenderingContext) -> Walk | str:
     if ctx.rules.max_calls_per_turn == 1:
         return "n/a: the template renders one call per turn (further calls are answered with an error)"
     w = walk(ctx, [Turn([(PY, {"code": "1"}), ("lookup", {"word": "a"}), (PY, {"code": "2"})], ["1", "a: x", "2"])])
     text = ctx.decode(w.suffixes[0].ids)
     assert text.index("1") < text.index("a: x") < text.rindex("2")
-    return None
+    return w
 
 
-def _three_rounds(ctx: RenderingContext) -> None:
-    walk(ctx, [
+def _three_rounds(ctx: RenderingContext) -> Walk:
+    return walk(ctx, [
         Turn([(PY, {"code": "x = 2"})], [""]),
         Turn([("get_weather", {"city": "Paris", "zip": "75001", "days": 3})], ["sunny, 21C"]),
         Turn([("lookup", {"word": "naïve"})], ["x: a letter"]),
     ])
 
 
-CASES: dict[str, Callable[[RenderingContext], str | None]] = {
-    "one call": lambda ctx: walk(ctx, [Turn([(PY, {"code": "print(6 * 7)"})], ["42\n"])]) and None,
+CASES: dict[str, Callable[[RenderingContext], Walk | str]] = {
+    "one call": lambda ctx: walk(ctx, [Turn([(PY, {"code": "print(6 * 7)"})], ["42\n"])]),
     "parallel calls": _parallel,
     "unicode output": lambda ctx: walk(ctx, [Turn([(PY, {"code": "print('é')"})],
-                                                  ["naïve café — 日本語 🙂🚀 e\u0301 \u200b"])]) and None,
+                                                  ["naïve café — 日本語 🙂🚀 e\u0301 \u200b"])]),
     "special-token strings in output": _special_output,
-    "empty output": lambda ctx: walk(ctx, [Turn([(PY, {"code": "pass"})], [""])]) and None,
+    "empty output": lambda ctx: walk(ctx, [Turn([(PY, {"code": "pass"})], [""])]),
     "three rounds": _three_rounds,
     "budget cut": _budget,
     "non-canonical split": lambda ctx: walk(ctx, [Turn([(PY, {"code": "print('hello world')"})], ["hello world\n"])],
-                                            resplit=_resplit) and None,
+                                            resplit=_resplit),
 }
 
 
@@ -142,7 +147,8 @@ def run_template(name: str) -> Row:
     row = Row(name, "accepted", rules.name, rules.wire, f"{stops}; {boundary}", "; ".join(rules.notes))
     for case, run in CASES.items():
         try:
-            row.cases[case] = run(ctx) or "exact"
+            out = run(ctx)
+            row.cases[case] = out if isinstance(out, str) else TAIL_EXACT if out.rerendered else "exact"
         except AssertionError as e:
             raise AssertionError(f"{name}: case {case!r} failed after registration accepted it: {e}") from e
     return row
@@ -157,6 +163,17 @@ def _short_reason(message: str) -> str:
 # ---------------------------------------------------------------- the table
 
 
+def cases_summary(r: Row, with_na: bool = True) -> str:
+    if not r.cases:
+        return ""
+    exact = sum(v == "exact" for v in r.cases.values())
+    tail = sum(v == TAIL_EXACT for v in r.cases.values())
+    na = [f"{k}: {v.removeprefix('n/a:').split(' (')[0].strip()}" for k, v in r.cases.items()
+          if v not in ("exact", TAIL_EXACT)]
+    return (f"{exact}/{len(r.cases)} exact" + (f", {tail} suffix-exact (the template rewrites history)" if tail else "")
+            + (f", n/a: {'; '.join(na)}" if na and with_na else ""))
+
+
 def markdown(rows: list[Row]) -> str:
     accepted = [r for r in rows if r.verdict == "accepted"]
     lines = [
@@ -165,8 +182,10 @@ def markdown(rows: list[Row]) -> str:
         "Generated by `tests/rendering/test_families.py` (regenerate: `.venv/bin/python -m tests.rendering.families_walk`);",
         "do not edit by hand. Every chat template shipped in trl's `chat_templates/` folder is registered with the",
         "offline Qwen-vocabulary tokenizer (`tito_assets`) plus the template's own control tokens. Accepted templates",
-        f"passed every case ({', '.join(CASES)}) token for token against the template's own render; refused ones",
-        "were refused at RegisterTokenizer with the reason shown.",
+        f"passed every case ({', '.join(CASES)}) token for token against the template's own render (where a",
+        "template rewrites earlier turns once later ones follow, the ids are what the model saw at each round and",
+        "every suffix is the exact tail of the template's render: \"suffix-exact\"); refused ones were refused at",
+        "RegisterTokenizer with the reason shown.",
         "",
         f"{len(accepted)} accepted, {sum(r.verdict == 'refused' for r in rows)} refused, "
         f"{sum(r.verdict == 'skipped' for r in rows)} skipped.",
@@ -175,12 +194,7 @@ def markdown(rows: list[Row]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        cases = ""
-        if r.cases:
-            exact = sum(v == "exact" for v in r.cases.values())
-            na = [f"{k}: {v.removeprefix('n/a:').split(' (')[0].strip()}" for k, v in r.cases.items() if v != "exact"]
-            cases = f"{exact}/{len(r.cases)} exact" + (f", n/a: {'; '.join(na)}" if na else "")
-        cells = [r.template, r.verdict, r.family, r.wire, r.stops, cases, r.detail]
+        cells = [r.template, r.verdict, r.family, r.wire, r.stops, cases_summary(r), r.detail]
         lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -12,6 +12,7 @@ from env_server.rendering import (
     UnsupportedTemplateError,
 )
 from tito import fingerprint as fp
+from tito.types import ToolCall
 from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
 
 from .helpers import REGISTRY, ctx_for, files_for
@@ -85,12 +86,33 @@ def test_families_and_stop_tokens():
     [
         ("qwen2_5_vl", "step 'message shape'"),  # no tool-call support in the template
         ("phi3", "step 'message shape'"),  # drops tool messages
-        ("deepseekv3", "keeps state across rounds"),  # the template's own multi-round bug
     ],
 )
 def test_unsupported_templates_refused_with_reason(template, reason):
     with pytest.raises(UnsupportedTemplateError, match=reason):
         REGISTRY.register(load_tokenizer_files(build_tokenizer_dir(template=template)), {})
+
+
+def _numbered_results_template() -> dict[str, bytes]:
+    """qwen2_5 numbering each tool result by its place in the conversation: every round renders differently."""
+    files = dict(files_for("qwen2_5"))
+    text = files["chat_template.jinja"].decode()
+    numbered = text.replace("'\\n<tool_response>\\n'", "'\\n<tool_response>\\n' ~ loop.index ~ ' '")
+    assert numbered != text
+    files["chat_template.jinja"] = numbered.encode()
+    return files
+
+
+def test_a_template_whose_rounds_keep_changing_is_refused_and_deepseeks_two_shapes_are_not():
+    with pytest.raises(UnsupportedTemplateError, match=r"round 3\): the template keeps state across rounds"):
+        REGISTRY.register(_numbered_results_template(), {})
+    # DeepSeek V3 opens the tool outputs only in the first round: two shapes, both checked over three rounds.
+    deepseek = REGISTRY.register(files_for("deepseekv3"), {})
+    assert deepseek.rounds_differ and not ctx_for("qwen2_5").rounds_differ
+    call = [ToolCall("c", "run_python", "{}")]
+    first = deepseek.decode(deepseek.render_suffix(call, [{"role": "tool", "content": "7"}], None).ids)
+    later = deepseek.decode(deepseek.render_suffix(call, [{"role": "tool", "content": "7"}], None, later_round=True).ids)
+    assert first.startswith("<｜tool▁outputs▁begin｜>") and later.startswith("<｜tool▁output▁begin｜>7")
 
 
 def test_no_chat_template_refused():

@@ -2,19 +2,17 @@
 Steps in a real sandbox, and prompt + completions + suffixes equal to the template's own render.
 
 Covers one template per new wire format (XML parameters, GLM arg_key with the overlap stop, Gemma 4's
-dialect with its stop-opens-results boundary, pythonic), and a refusal (DeepSeek V3's template bug).
+dialect with its stop-opens-results boundary, pythonic), and DeepSeek V3, whose later rounds render otherwise.
 """
 
 from __future__ import annotations
 
 import json
 
-import grpc
 import pytest
 
 from env_server.rendering import TokenizerRegistry
 from env_server.rendering import messages as msgs
-from tests.sessions import rpc_error
 from tito import wire
 from tito.v1 import environment_pb2 as pb
 from tito_assets.qwen_tokenizer import build_tokenizer_files
@@ -65,8 +63,31 @@ def test_two_rounds_and_an_answer_are_token_exact(stub, template):
         stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
 
 
-def test_deepseek_v3_refused_with_the_reason(stub):
+def test_deepseek_v3_later_rounds_get_their_own_suffix_shape(stub):
+    """DeepSeek V3's template opens the tool outputs once per conversation and rewrites earlier turns once
+    later ones follow: each Step's suffix is the exact tail of the template's render at that point, with
+    the first round's shape at seq 1 and the later one after."""
     files = build_tokenizer_files(template="deepseekv3")
-    err = rpc_error(lambda: stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=files), timeout=300))
-    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "keeps state across rounds" in err.details() and "step 'round trip'" in err.details()
+    reg = stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=files), timeout=300)
+    ctx = LOCAL.register(files)
+    style = ctx.rules.style
+    conv = [{"role": "user", "content": "What is 6 times 7? Use Python."}]
+    opened = stub.OpenSession(pb.OpenSessionRequest(environment="python", tokenizer_fingerprint=reg.fingerprint,
+                                                    messages=[pb.Message(role="user", content=conv[0]["content"])]),
+                              timeout=60)
+    sid, tools = opened.session_id, [wire.tool_spec_from_pb(t).openai_spec() for t in opened.tools]
+    try:
+        assert list(opened.prompt_ids) == _expected(ctx, conv, tools)
+        for seq, code in enumerate(["print(6 * 7)", "print(7 * 6)", "print(42)"], start=1):
+            turn = msgs.assistant(style, [(style.call_id(seq, 0), "run_python", {"code": code})], None)
+            completion = ctx.encode(ctx.completion_text(conv, turn, tools))
+            r = stub.Step(pb.StepRequest(session_id=sid, seq=seq, completion_ids=completion), timeout=120)
+            assert r.status == pb.STEP_STATUS_OK, r.detail
+            assert r.tool_messages[0].content.strip() == "42"
+            conv = conv + [turn] + [wire.message_from_pb(m).to_dict() for m in r.tool_messages]
+            expected = _expected(ctx, conv, tools)
+            assert expected[len(expected) - len(r.suffix_ids):] == list(r.suffix_ids), f"round {seq}"
+            opens = ctx.decode(list(r.suffix_ids)).startswith("<｜tool▁outputs▁begin｜>")
+            assert opens == (seq == 1), ctx.decode(list(r.suffix_ids))
+    finally:
+        stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
