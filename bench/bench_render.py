@@ -28,7 +28,7 @@ from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
 
 # One template per supported family / wire format.
 FAMILIES = ("qwen2_5,qwen3,qwen3_instruct_2507,qwen3_6,nemotron_3_nano,glm4moe,gemma4,gemma4_v2,lfm2_2_5,lfm2_v2,"
-            "llama3_1,gptoss,muse_glimmer")
+            "llama3_1,gptoss,muse_glimmer,deepseekv3")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -53,7 +53,7 @@ def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
         t0, c0 = time.perf_counter(), time.thread_time()
         parsed = ctx.parse_completion(completion, seq=1, tools=TOOLS)
         results = [msgs.tool(c.name, c.id, output) for c in parsed.tool_calls]
-        ctx.render_suffix(parsed.tool_calls, results, budget)
+        ctx.render_suffix(parsed.tool_calls, results, budget, later_round=turns > 0)
         cpu.append((time.thread_time() - c0) * 1e3)
         ours.append((time.perf_counter() - t0) * 1e3)
     assert parsed.tool_calls and not parsed.tool_calls[0].error, parsed
