@@ -195,7 +195,8 @@ class Sandbox:
             stdout_truncated=reply.stdout_truncated, stderr_truncated=reply.stderr_truncated,
             timed_out=reply.timed_out or interrupted, lost_reason=None, duration_ms=duration_ms,
             stdout_dropped=max(0, reply.stdout_dropped), stderr_dropped=max(0, reply.stderr_dropped),
-            value_truncated=reply.value_truncated)
+            value_truncated=reply.value_truncated, background_dropped=max(0, reply.background_dropped),
+            background_threads=reply.background_threads[:300])
 
     def _lost_result(self, duration_ms: float, *, reason: str | None,
                      timed_out: bool = False) -> ExecResult:

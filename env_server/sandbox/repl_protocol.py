@@ -77,6 +77,10 @@ class ExecReply:
     timed_out: bool = False
     interrupted: bool = False
     duration_ms: float = 0.0
+    # Bytes written to stdout/stderr between the previous call and this one (by threads or processes the
+    # code left running): dropped, only counted. And the names of threads of the code still running.
+    background_dropped: int = 0
+    background_threads: str = ""
     type: str = "result"
 
 

@@ -20,6 +20,8 @@ class ExecResult:
     stdout_dropped: int = 0  # bytes beyond the cap, counted but not kept
     stderr_dropped: int = 0
     value_truncated: bool = False  # the value or traceback was cut to its cap
+    background_dropped: int = 0  # bytes of output written between the previous call and this one, dropped
+    background_threads: str = ""  # threads of the code still running after this call (names)
 
     @property
     def lost(self) -> bool:

@@ -36,7 +36,8 @@ class CappedBuffer:
 class PipeCapture:
     """A pipe whose write end becomes fd 1 or 2; a thread drains it into the current call's buffer.
 
-    Output arriving between calls (background threads/processes) is discarded. The end of a
+    Output arriving between calls (background threads/processes) is discarded and counted
+    (`take_between`), so the next call can say so. The end of a
     call's output is found by writing SENTINEL into the pipe: the pipe is FIFO, so everything
     written before it has been consumed once the reader sees it.
     """
@@ -49,13 +50,18 @@ class PipeCapture:
         self.cond = threading.Condition()
         self.sink = None
         self.seen = 0
+        self.between = 0  # bytes discarded since the last call ended
         self.carry = b""
         self.thread = threading.Thread(target=self._run, name="capture-%d" % target_fd, daemon=True)
         self.thread.start()
 
     def _deliver(self, data):
-        if data and self.sink is not None:
+        if not data:
+            return
+        if self.sink is not None:
             self.sink.add(data)
+        else:
+            self.between += len(data)
 
     def _run(self):
         slen = len(SENTINEL)
@@ -93,9 +99,11 @@ class PipeCapture:
                     self.carry = b""
 
     def begin(self, cap):
+        """Starts a call's buffer; returns (the marker count, the bytes discarded since the last call)."""
         with self.cond:
             self.sink = CappedBuffer(cap)
-            return self.seen
+            between, self.between = self.between, 0
+            return self.seen, between
 
     def end(self, seen_before):
         """Marks the end of the call's output and waits until the reader has consumed it."""

@@ -73,6 +73,8 @@ class Repl:
         # tini forwards SIGTERM to us; code that kills PID 1 should not take the session down.
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
         signal.signal(signal.SIGHUP, lambda signum, frame: None)
+        # The REPL's own threads (capture readers, stdin watch); any other live thread is the user's.
+        self.own_threads = {t.ident for t in threading.enumerate()}
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -213,8 +215,8 @@ class Repl:
 
         self._restore_fds()
         self._check_streams()
-        out_seen = self.out.begin(cap)
-        err_seen = self.err.begin(cap)
+        out_seen, out_between = self.out.begin(cap)
+        err_seen, err_between = self.err.begin(cap)
         try:
             try:
                 body, expr = self._compile(code)
@@ -272,7 +274,15 @@ class Repl:
             timed_out=timed_out,
             interrupted=self.interrupted,
             duration_ms=(time.perf_counter() - t0) * 1000.0,
+            background_dropped=out_between + err_between,
+            background_threads=self._user_threads(),
         )
+
+    def _user_threads(self):
+        """Threads the code started that are still running (names, at most 5, capped), else ""."""
+        names = [t.name for t in threading.enumerate() if t.ident not in self.own_threads and t.is_alive()]
+        shown = ", ".join(n[:40] for n in names[:5])
+        return shown + (" and %d more" % (len(names) - 5) if len(names) > 5 else "")
 
     # -- main loop --------------------------------------------------------------------------------
 

@@ -9,6 +9,8 @@ import time
 
 import pytest
 
+from env_server.environments.python_env import format_exec_result
+
 pytestmark = pytest.mark.docker
 
 
@@ -109,13 +111,22 @@ async def test_background_work_does_not_break_later_calls_or_other_sessions(pool
             "def spam():\n    while True:\n        print('bg-thread')\n        time.sleep(0.005)\n"
             "threading.Thread(target=spam, daemon=True).start()\n'started'")
         assert r.value == "'started'", r
+        dropped = 0
         for i in range(20):
             ra, rb = await asyncio.gather(a.execute(f"print('mine-{i}'); {i}"),
                                           b.execute(f"print('other-{i}'); {i}"))
             assert ra.ok and ra.value == str(i), ra
             assert f"mine-{i}\n" in ra.stdout
             assert rb.stdout == f"other-{i}\n", rb  # nothing of a's background output
+            # What ran between calls is dropped and counted; the thread still running is named.
+            assert "(spam)" in ra.background_threads and not rb.background_threads and not rb.background_dropped
+            dropped += ra.background_dropped
             await asyncio.sleep(0.01)
+        assert dropped > 0
+        note = format_exec_result(ra)
+        assert note.startswith("bg-") or note.startswith("mine-")
+        assert "still running in the background: Thread-1 (spam)" in note
+        assert "Out: 19" in note and "[stderr]" not in note
         r = await a.execute("p.poll() is None, q.poll() is None")
         assert r.value == "(True, True)"
     finally:
