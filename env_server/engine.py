@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,8 @@ from env_server.sandbox.docker_sandbox import new_session_id
 from env_server.sandbox.pool import SandboxPool
 from env_server.sessions import Session, SessionRegistry
 from tito.types import EnvironmentInfo, Message, OpenedSession, StepResult, TokenizerRegistration
+
+log = logging.getLogger(__name__)
 
 # Retried OpenSession calls are recognised by client_request_id for this many recent openings.
 _REMEMBERED_OPENINGS = 4096
@@ -133,6 +136,7 @@ class Engine:
             try:
                 sandbox = await self.pool.acquire()
             except Exception as e:
+                log.warning("OpenSession(%s) failed: could not start a sandbox: %s", env_cls.name, e)
                 raise RequestError(ErrorKind.UNAVAILABLE, f"could not start a sandbox: {e}") from e
         try:
             env = env_cls(env_args, sandbox)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from env_server.environments.base import Environment, tool
+from env_server.environments.files import SessionFilesArgs, seed_files
 from env_server.sandbox.result import ExecResult
 from tito.answers import answer_matches
 from tito.types import ToolResult
 
 
-class PythonEnvArgs(BaseModel):
+class PythonEnvArgs(SessionFilesArgs):
     model_config = ConfigDict(extra="forbid")
 
     expected_answer: str | None = Field(
@@ -37,6 +38,10 @@ class PythonEnvironment(Environment):
     )
     EnvArgs = PythonEnvArgs
     needs_sandbox = True
+
+    async def setup(self) -> None:
+        assert self.sandbox is not None
+        await seed_files(self.sandbox, self.env_args.files)
 
     @tool
     async def run_python(self, args: RunPythonArgs) -> ToolResult:

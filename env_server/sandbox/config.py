@@ -96,7 +96,11 @@ class PoolConfig(BaseModel):
 
     target_size: int = Field(4, ge=0)
     max_concurrent_creates: int = Field(2, gt=0)  # bounds the refill rate (bursts overwhelm dockerd)
-    create_timeout_s: float = Field(30.0, gt=0)  # create+start+ready; slower ones are removed
+    # Opens that find the pool empty start their own sandbox, at most this many at once; the rest queue
+    # (first come, first served) for up to admission_timeout_s, then get UNAVAILABLE saying to retry.
+    max_concurrent_starts: int = Field(6, gt=0)
+    admission_timeout_s: float = Field(120.0, gt=0)
+    create_timeout_s: float = Field(30.0, gt=0)  # create+start+ready of one sandbox, queue time excluded
     retry_backoff_s: float = Field(1.0, gt=0)  # after a failed create, doubling up to 30 s
     probe_interval_s: float = Field(5.0, gt=0)  # while not ready: re-check daemon and image
-    docker_threads: int = Field(8, gt=0)  # threads for blocking Docker SDK calls
+    docker_threads: int = Field(12, gt=0)  # threads for blocking Docker SDK calls (starts, refill, removals)

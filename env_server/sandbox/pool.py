@@ -36,6 +36,10 @@ class SandboxUnavailable(SandboxError):
     """No sandbox can be made: the daemon is unreachable, the image is missing, or the pool is closed."""
 
 
+class PoolBusy(SandboxUnavailable):
+    """Every start slot stayed taken for admission_timeout_s: the server is overloaded now; retry later."""
+
+
 def sweep_leftovers(client: docker.DockerClient, server_name: str, socket_dir: str,
                     keep_instance: str | None = None) -> int:
     """Force-removes the containers and socket folders of `server_name` (but `keep_instance`'s).
@@ -80,6 +84,11 @@ class SandboxPool:
         self.created_total = 0
         self.failed_total = 0
         self._backoff = 0.0  # seconds to wait before the next refill attempt after failures
+        # Admission of on-demand starts: a FIFO semaphore, so a storm of opens queues fairly and each
+        # start's own timeout (create_timeout_s) measures the start, not the wait for a slot.
+        self._start_slots = asyncio.Semaphore(pool.max_concurrent_starts)
+        self.admission_waiting = 0
+        self.busy_total = 0  # opens refused after admission_timeout_s
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -143,6 +152,10 @@ class SandboxPool:
         await self._probe()
         self._refill_task = asyncio.get_running_loop().create_task(self._refill_loop(),
                                                                    name="sandbox-pool-refill")
+        cfg = self.pool_config
+        log.info("sandbox pool: %d warm, refill %d at a time, on-demand starts max_concurrent_starts=%d, "
+                 "admission wait %.0f s, start timeout %.0f s", cfg.target_size, cfg.max_concurrent_creates,
+                 cfg.max_concurrent_starts, cfg.admission_timeout_s, cfg.create_timeout_s)
 
     async def _probe(self) -> bool:
         """(Re)checks the daemon and the image; sweeps on the first success."""
@@ -242,19 +255,47 @@ class SandboxPool:
             if not await self._probe():
                 raise SandboxUnavailable(f"sandbox pool not ready: {self.reason}")
         try:
-            while self._idle:
-                sb = self._idle.popleft()
-                if sb.alive:
-                    return sb
-                # Died while waiting (should not happen): drop it.
-                self._spawn(sb.destroy())
+            sb = self._take_idle()
+            if sb is not None:
+                return sb
+            await self._admit()
             try:
+                sb = self._take_idle()  # the refill may have made one while this open waited
+                if sb is not None:
+                    return sb
                 return await self._create()
             except SandboxError:
                 self.failed_total += 1
                 raise
+            finally:
+                self._start_slots.release()
         finally:
             self._wake.set()
+
+    def _take_idle(self) -> Sandbox | None:
+        while self._idle:
+            sb = self._idle.popleft()
+            if sb.alive:
+                return sb
+            self._spawn(sb.destroy())  # died while waiting (should not happen): drop it
+        return None
+
+    async def _admit(self) -> None:
+        """Waits for a start slot, at most admission_timeout_s; raises PoolBusy after that."""
+        cfg = self.pool_config
+        self.admission_waiting += 1
+        try:
+            async with asyncio.timeout(cfg.admission_timeout_s):
+                await self._start_slots.acquire()
+        except TimeoutError:
+            self.busy_total += 1
+            raise PoolBusy(
+                f"the server is overloaded: this open waited {cfg.admission_timeout_s:.0f} s "
+                f"(pool.admission_timeout_s) for one of {cfg.max_concurrent_starts} sandbox start slots "
+                f"({self.admission_waiting - 1} other opens waiting); retry in a few seconds, or give the server "
+                "a larger pool.target_size or pool.max_concurrent_starts") from None
+        finally:
+            self.admission_waiting -= 1
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from env_server.sandbox import PoolConfig, SandboxConfig, SandboxPool, SandboxUnavailable
+from env_server.sandbox.pool import PoolBusy
 from env_server.sandbox.labels import LABEL_INSTANCE, LABEL_SERVER, LABEL_SESSION
 from env_server.sandbox.socket_channel import remove_instance_dirs
 
@@ -162,3 +163,34 @@ def test_dead_server_leaves_no_running_sandbox(docker_client, docker_ok):
     finally:
         docker_client.api.remove_container(cid, force=True)
         remove_instance_dirs(SandboxConfig().socket_dir, name)
+
+
+async def test_opens_beyond_the_start_slots_queue_in_order_and_time_out_with_a_retry_hint(docker_client):
+    """One start slot: a second open waits for it (its own start is not timed while it waits); with a
+    short admission wait, a third gets PoolBusy naming the setting and saying to retry."""
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    p = SandboxPool(fast_config(), PoolConfig(target_size=0, max_concurrent_starts=1, admission_timeout_s=60,
+                                              create_timeout_s=20), server_name=name, instance_id="adm")
+    await p.start()
+    try:
+        t0 = time.monotonic()
+        first, second = await asyncio.gather(p.acquire(), p.acquire())
+        assert first.alive and second.alive and p.admission_waiting == 0
+        one_start = (time.monotonic() - t0) / 2
+        await asyncio.gather(first.destroy(), second.destroy())
+
+        p.pool_config = p.pool_config.model_copy(update={"admission_timeout_s": max(0.2, one_start / 4)})
+        results = await asyncio.gather(*(p.acquire() for _ in range(3)), return_exceptions=True)
+        made = [r for r in results if not isinstance(r, BaseException)]
+        busy = [r for r in results if isinstance(r, PoolBusy)]
+        assert len(made) >= 1 and busy, results  # the slot's holder starts; who waits too long is told so
+        msg = str(busy[0])
+        assert "overloaded" in msg and "pool.admission_timeout_s" in msg and "retry" in msg
+        assert p.busy_total == len(busy)
+        await asyncio.gather(*(sb.destroy() for sb in made))
+        # The slot is free again afterwards: a refused wait did not keep it.
+        sb = await p.acquire()
+        await sb.destroy()
+    finally:
+        await p.close()
+    assert containers_with(docker_client, server=name) == []

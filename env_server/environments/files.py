@@ -1,0 +1,101 @@
+"""Session files: text files a client seeds into a session's working directory at OpenSession.
+
+    env_args = {"files": {"data/input.csv": "a,b\\n1,2\\n", "notes.txt": "..."}}
+
+Paths are relative to the sandbox's working directory and are checked before anything starts: no
+absolute paths, no `..`, `.` or empty components, no NUL or control characters, at most MAX_DEPTH
+folders deep; at most MAX_FILES files and MAX_TOTAL_BYTES in all. A bad path is refused with
+INVALID_ARGUMENT naming it. The files are written by the sandbox's own interpreter, as its user,
+before the first tool call (so no code of the session's has run yet that could plant a symlink).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, Field, field_validator
+
+from env_server.errors import quote
+
+if TYPE_CHECKING:
+    from env_server.sandbox.docker_sandbox import Sandbox
+
+MAX_FILES = 100
+MAX_TOTAL_BYTES = 512 * 1024  # base64 inside one REPL request, well under sandbox.max_code_bytes
+MAX_PATH_CHARS = 255
+MAX_DEPTH = 8
+
+
+def check_path(path: str) -> str:
+    """The path if it is a safe relative path; ValueError saying what is wrong otherwise."""
+    if not path or len(path) > MAX_PATH_CHARS:
+        raise ValueError(f"file path {quote(path)} must have 1 to {MAX_PATH_CHARS} characters")
+    if any(ord(ch) < 32 or ch == "\x7f" for ch in path) or "\\" in path:
+        raise ValueError(f"file path {quote(path)} holds a control character or a backslash")
+    if path.startswith("/"):
+        raise ValueError(f"file path {quote(path)} is absolute; give it relative to the working directory")
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"file path {quote(path)} has an empty, '.' or '..' component; files stay inside the "
+                         "working directory")
+    if len(parts) > MAX_DEPTH + 1:
+        raise ValueError(f"file path {quote(path)} is more than {MAX_DEPTH} folders deep")
+    return path
+
+
+class SessionFilesArgs(BaseModel):
+    """env_args fields shared by the sandboxed environments: files to seed."""
+
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description=f"Text files to create in the working directory before the first call: relative path -> "
+                    f"content (UTF-8). At most {MAX_FILES} files, {MAX_TOTAL_BYTES} bytes in all; no absolute "
+                    "paths and no '..'.",
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _check_files(cls, files: dict[str, str]) -> dict[str, str]:
+        if len(files) > MAX_FILES:
+            raise ValueError(f"{len(files)} files; at most {MAX_FILES}")
+        total = sum(len(c.encode("utf-8", "surrogatepass")) for c in files.values())
+        if total > MAX_TOTAL_BYTES:
+            raise ValueError(f"the files hold {total} bytes; at most {MAX_TOTAL_BYTES} in all")
+        for path in files:
+            check_path(path)
+        paths = set(files)
+        for path in files:  # "a" and "a/b" cannot both be files
+            parts = path.split("/")
+            for i in range(1, len(parts)):
+                if "/".join(parts[:i]) in paths:
+                    raise ValueError(f"file path {quote(path)} puts a file inside the file {quote('/'.join(parts[:i]))}")
+        return files
+
+
+def seed_code(files: dict[str, str]) -> str:
+    """Stdlib Python that writes `files` under the current directory and leaves no names behind."""
+    blob = {p: base64.b64encode(c.encode("utf-8", "surrogatepass")).decode("ascii") for p, c in files.items()}
+    return (
+        "def __tito_seed(files):\n"
+        "    import base64, os\n"
+        "    for path, data in files.items():\n"
+        "        folder = os.path.dirname(path)\n"
+        "        if folder:\n"
+        "            os.makedirs(folder, exist_ok=True)\n"
+        "        with open(path, 'xb') as f:\n"
+        "            f.write(base64.b64decode(data))\n"
+        f"__tito_seed({json.dumps(blob)})\n"
+        "del __tito_seed\n"
+    )
+
+
+async def seed_files(sandbox: Sandbox, files: dict[str, str]) -> None:
+    """Writes the files in the sandbox; raises RuntimeError (a failed set-up) if it could not."""
+    if not files:
+        return
+    result = await sandbox.execute(seed_code(files))
+    if not result.ok:
+        why = result.lost_reason or result.error or "timed out"
+        raise RuntimeError(f"could not write the seeded files: {why.strip().splitlines()[-1][:300]}")

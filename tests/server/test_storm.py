@@ -1,0 +1,43 @@
+"""An open storm against a real server: 256 OpenSession calls at once, a warm pool of 2. Every open
+succeeds (queued for a start slot, each start timed on its own), every session runs a call, and
+closing them all leaves no container behind. bench/bench_storm.py prints the figures."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.harness import containers_of, start_server
+from tests.sessions import wait_until
+from tito.client import AsyncTitoClient, StepStatus
+from tito.types import ToolCall
+
+pytestmark = pytest.mark.docker
+
+STORM = 256
+
+
+def test_256_opens_at_once_all_succeed(docker_ok, tmp_path):
+    srv = start_server(tmp_path, env={"TITO_POOL__TARGET_SIZE": "2"})
+
+    async def main() -> None:
+        # retries=0: an open the server refused would fail here instead of being retried quietly.
+        async with AsyncTitoClient(srv.address, deadline_s=600, retries=0) as client:
+            await client.wait_ready()
+            sessions = await asyncio.gather(*(client.open_session("python") for _ in range(STORM)))
+            assert len({s.id for s in sessions}) == STORM
+            results = await asyncio.gather(*(
+                s.step(tool_calls=[ToolCall("c", "run_python", f'{{"code": "{i} * 2"}}')])
+                for i, s in enumerate(sessions)))
+            assert [r.status for r in results] == [StepStatus.OK] * STORM
+            assert [r.tool_messages[0].content for r in results] == [f"Out: {i * 2}" for i in range(STORM)]
+            await asyncio.gather(*(s.close() for s in sessions))
+
+    try:
+        asyncio.run(main())
+        assert "OpenSession(python) failed" not in srv.log()
+        wait_until(lambda: len(containers_of(srv.server_name)) <= 2, 120, "the storm's containers to go")
+    finally:
+        srv.terminate()
+    assert containers_of(srv.server_name) == []
