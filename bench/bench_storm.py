@@ -69,8 +69,9 @@ def main() -> int:
     ap.add_argument("--pool-size", type=int, default=2, help="the server's warm pool target size (default 2)")
     ap.add_argument("--cold-tries", type=int, default=5)
     args = ap.parse_args()
-    if not docker_available():
-        print("docker is not available", file=sys.stderr)
+    why = docker_available()
+    if why:
+        print(why, file=sys.stderr)
         return 1
     tmp = Path(tempfile.mkdtemp(prefix="tito-storm-"))
     cold = start_server(tmp, env={"TITO_POOL__TARGET_SIZE": "0"})
