@@ -88,6 +88,11 @@ class ServerConfig(BaseSettings):
         description="Extra environment classes as 'package.module:ClassName' (or a module path).",
     )
     load_entry_points: bool = Field(True, description="Also load environments from 'tito.environments' entry points.")
+    environment_images: dict[str, str] = Field(
+        default_factory=dict,
+        description="Sandbox image per environment name, over the environment's own choice (e.g. "
+                    "{python_scientific: my-registry/sci:1}); environments not named use theirs, else sandbox.image.",
+    )
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest gRPC request or response.")
     max_tokenizer_bytes: int = Field(128 * 1024 * 1024, ge=1024,
                                      description="Largest RegisterTokenizer upload (all files together).")

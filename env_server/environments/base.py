@@ -81,6 +81,9 @@ class Environment:
     EnvArgs: ClassVar[type[BaseModel]] = NoEnvArgs
     # True: each session gets its own sandbox container from the warm pool.
     needs_sandbox: ClassVar[bool] = False
+    # The sandbox image its sessions run in; None: the server's sandbox.image. The server keeps one
+    # warm pool per image (config environment_images overrides this per environment).
+    sandbox_image: ClassVar[str | None] = None
 
     _tools: ClassVar[dict[str, BoundTool]]
 

@@ -61,6 +61,17 @@ class PythonEnvironment(Environment):
         return 1.0 if answer_matches(final_text, expected) else 0.0
 
 
+class ScientificPythonEnvironment(PythonEnvironment):
+    """`python` in the scientific image: numpy, scipy, sympy, pandas and matplotlib (Agg) installed."""
+
+    name = "python_scientific"
+    description = (
+        "A stateful Python interpreter with numpy, scipy, sympy, pandas and matplotlib, in an isolated sandbox "
+        "(no network). Variables, imports and files in the working directory persist across calls within a session."
+    )
+    sandbox_image = "tito-sandbox-scientific:latest"
+
+
 def format_exec_result(r: ExecResult) -> str:
     """The tool message the model sees: what a terminal would show, plus explicit notes."""
     parts: list[str] = []

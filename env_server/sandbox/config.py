@@ -8,8 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_IMAGE = "tito-sandbox-python:latest"
 BUILD_HINT = (
-    "build it with: scripts/build_images.sh sandbox (or: docker build -f sandbox_images/python/Dockerfile "
-    "-t tito-sandbox-python:latest . ; offline: add --build-arg BASE_IMAGE=<local image with python3>)"
+    "build it with: scripts/build_images.sh sandbox (tito-sandbox-python; or: docker build -f "
+    "sandbox_images/python/Dockerfile -t tito-sandbox-python:latest . ; offline: add --build-arg "
+    "BASE_IMAGE=<local image with python3>), or scripts/build_images.sh scientific (tito-sandbox-scientific)"
 )
 
 
@@ -104,3 +105,5 @@ class PoolConfig(BaseModel):
     retry_backoff_s: float = Field(1.0, gt=0)  # after a failed create, doubling up to 30 s
     probe_interval_s: float = Field(5.0, gt=0)  # while not ready: re-check daemon and image
     docker_threads: int = Field(12, gt=0)  # threads for blocking Docker SDK calls (starts, refill, removals)
+    # Environments on another image than sandbox.image (python_scientific) get a pool of their own this size.
+    other_images_target_size: int = Field(1, ge=0)

@@ -6,12 +6,28 @@ import asyncio
 import socket
 import threading
 import time
+import uuid
 
 import pytest
 
-from env_server.environments.python_env import format_exec_result
+from env_server.environments.python_env import ScientificPythonEnvironment, format_exec_result
+from env_server.sandbox import PoolConfig, SandboxPool
+
+from .conftest import SERVER_NAME, fast_config
 
 pytestmark = pytest.mark.docker
+
+
+# Every hostile test runs in every sandbox image: the scientific one adds native libraries, not privileges.
+@pytest.fixture(scope="module", params=["tito-sandbox-python:latest", ScientificPythonEnvironment.sandbox_image],
+                ids=["python-image", "scientific-image"])
+async def pool(docker_ok, request):
+    p = SandboxPool(fast_config(image=request.param), PoolConfig(target_size=2, max_concurrent_creates=2),
+                    server_name=SERVER_NAME, instance_id=f"hostile-{uuid.uuid4().hex[:8]}")
+    await p.start()
+    assert p.ready, p.reason
+    yield p
+    await p.close()
 
 
 async def test_fork_bomb_is_contained_by_the_pids_limit(sandbox):
