@@ -1,6 +1,6 @@
 """Sandbox latencies on this machine (real dockerd, the real image).
 
-    .venv/bin/python bench/bench_sandbox.py [--calls 2000] [--exec-calls 50] [--cold 5] [--image IMAGE]
+    .venv/bin/python bench/bench_sandbox.py [--calls 2000] [--exec-calls 50] [--cold 5] [--image IMAGE] [--runtime runsc]
 
 Prints p50/p99 of: a trivial call (`x += 1`) over the persistent channel, a bare protocol ping,
 `docker exec` of a fresh `python3 -c` in the same container (what per-call exec designs pay),
@@ -36,10 +36,11 @@ async def main() -> None:
     ap.add_argument("--acquires", type=int, default=8)
     ap.add_argument("--image", default=SandboxConfig().image,
                     help="sandbox image (e.g. tito-sandbox-scientific:latest); default: the server's default")
+    ap.add_argument("--runtime", default="runc", help="OCI runtime: runc, or runsc (gVisor)")
     args = ap.parse_args()
-    print(f"image: {args.image}")
+    print(f"image: {args.image}, runtime: {args.runtime}")
 
-    pool = SandboxPool(SandboxConfig(image=args.image), PoolConfig(target_size=2, max_concurrent_creates=2),
+    pool = SandboxPool(SandboxConfig(image=args.image, runtime=args.runtime), PoolConfig(target_size=2, max_concurrent_creates=2),
                        server_name=f"bench-{uuid.uuid4().hex[:6]}", instance_id="bench")
     await pool.start()
     if not pool.ready:

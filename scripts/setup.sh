@@ -16,6 +16,8 @@
 #   TITO_SKIP_VENV=1          skip step 1          TITO_SKIP_DOCKER=1        skip steps 2-6
 #   TITO_SKIP_IMAGES=1        skip step 6          TITO_SKIP_SERVER_IMAGE=1  skip the server image
 #   TITO_SKIP_SCIENTIFIC_IMAGE=1  skip the scientific sandbox image
+#   TITO_SANDBOX_RUNTIME=runsc / TITO_INSTALL_RUNSC=1   also install gVisor (Debian's runsc) and register it
+#                             with dockerd as runtime "runsc" (servers use it with sandbox.runtime=runsc)
 #   TITO_PYTHON=/path/python  interpreter for the venv (default: first python3.x >= 3.11 on PATH)
 #   TITO_TORCH_SPEC=...       torch requirement installed first (default torch==2.13.0, the CPU wheel)
 #   TITO_BASE_IMAGE=...       base image of our images (default: see step 5)
@@ -166,6 +168,39 @@ start_dockerd() {
     die "dockerd did not come up within 60 s (see $logf)"
 }
 
+# gVisor: Debian's runsc package, registered with dockerd as runtime "runsc". --network=none: runsc
+# refuses to start in the root network namespace otherwise (sandboxes have no network anyway);
+# --host-uds=open: a sandbox may connect to its bind-mounted unix socket (tito's fast channel).
+setup_runsc() {
+    step "gVisor runtime (runsc)"
+    command -v runsc >/dev/null 2>&1 || apt_install runsc
+    local cfg=/etc/docker/daemon.json changed
+    changed=$(python3 - "$cfg" <<'PY'
+import json, os, sys
+path = sys.argv[1]
+config = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
+want = {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--host-uds=open"]}
+if config.get("runtimes", {}).get("runsc") != want:
+    config.setdefault("runtimes", {})["runsc"] = want
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(config, f, indent=2)
+    os.replace(path + ".tmp", path)
+    print("changed")
+PY
+) || die "could not update $cfg"
+    if [ "$changed" = changed ]; then
+        log "registered runsc in $cfg; reloading dockerd (SIGHUP)"
+        kill -HUP "$(pgrep -xo dockerd)" 2>/dev/null || die "no dockerd to reload; restart it so it reads $cfg"
+    fi
+    local i
+    for i in $(seq 1 20); do
+        docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"' && { log "dockerd runtimes: runc, runsc ($(runsc --version 2>/dev/null | head -n 1))"; return; }
+        sleep 0.5
+    done
+    die "dockerd does not list the runsc runtime after reloading $cfg"
+}
+
 setup_compose() {
     step "Docker Compose v2 plugin"
     export COMPOSE_BAKE=false
@@ -254,6 +289,7 @@ if [ "${TITO_SKIP_DOCKER:-0}" = 1 ]; then
 else
     setup_engine
     start_dockerd
+    if [ "${TITO_SANDBOX_RUNTIME:-runc}" = runsc ] || [ "${TITO_INSTALL_RUNSC:-0}" = 1 ]; then setup_runsc; fi
     setup_compose
     choose_base_image
     if [ "${TITO_SKIP_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_IMAGES=1: not building images"; else build_images; fi

@@ -5,6 +5,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# gVisor too: the hostile-code tests also run under runsc (TITO_INSTALL_RUNSC=0 leaves it out; those
+# cases then skip).
+export TITO_INSTALL_RUNSC=${TITO_INSTALL_RUNSC:-1}
+if [ "$TITO_INSTALL_RUNSC" = 1 ]; then export TITO_REQUIRE_RUNSC=${TITO_REQUIRE_RUNSC:-1}; fi
 if [ "${TITO_SKIP_SETUP:-0}" = 1 ]; then
     echo "[test] TITO_SKIP_SETUP=1: not running scripts/setup.sh"
 else

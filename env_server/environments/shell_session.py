@@ -32,8 +32,10 @@ class TitoShell:
 
     def start(self):
         env = dict(os.environ, PS1="", PS2="", HISTFILE="/dev/null", TERM="dumb")
+        # SIGHUP ignored (inherited through exec): stopping the group to empty it must not hang the shell
+        # up (gVisor sends SIGHUP to an orphaned group with stopped members when one exits).
         self.proc = subprocess.Popen(
-            ["bash", "--noprofile", "--norc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            ["bash", "--noprofile", "--norc", "-c", "trap '' HUP; exec bash --noprofile --norc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, cwd=self.home, env=env, start_new_session=True, bufsize=0)
 
     @staticmethod

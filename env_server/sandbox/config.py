@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEFAULT_IMAGE = "tito-sandbox-python:latest"
+RUNSC_HOST_PIDS_LIMIT = 4096
+
 BUILD_HINT = (
     "build it with: scripts/build_images.sh sandbox (tito-sandbox-python; or: docker build -f "
     "sandbox_images/python/Dockerfile -t tito-sandbox-python:latest . ; offline: add --build-arg "
@@ -40,6 +42,9 @@ class SandboxConfig(BaseModel):
     cap_drop: list[str] = Field(default_factory=lambda: ["ALL"])
     security_opt: list[str] = Field(default_factory=lambda: ["no-new-privileges"])
     init: bool = True  # docker-init as PID 1: reaps zombies, forwards signals to the REPL
+    # The OCI runtime: runc (Docker's default), or runsc to run every sandbox under gVisor's user-space
+    # kernel (install: TITO_SANDBOX_RUNTIME=runsc scripts/setup.sh; docs/security.md).
+    runtime: str = Field("runc", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
     # Resource limits.
     pids_limit: int = Field(64, gt=0)
@@ -48,6 +53,13 @@ class SandboxConfig(BaseModel):
     memswap_limit: str | None = None
     nano_cpus: int = Field(1_000_000_000, gt=0)  # 1 CPU
     nofile_limit: int = Field(1024, gt=0)
+
+    @property
+    def host_pids_limit(self) -> int:
+        """The pids limit Docker sets. Under gVisor it counts the user-space kernel's own threads, not the
+        sandbox's processes (runsc dies at 64), so there it only bounds the runtime; the sandbox's processes
+        are then bounded by mem_limit (a fork bomb is OOM-killed: the session is lost, nothing else)."""
+        return self.pids_limit if self.runtime == "runc" else max(self.pids_limit, RUNSC_HOST_PIDS_LIMIT)
 
     # Filesystem: the only writable places are these tmpfs mounts.
     workdir: str = "/workspace"

@@ -30,10 +30,15 @@ from .socket_channel import remove_instance_dirs
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _MAX_BACKOFF_S = 30.0
+_DEAD_IDLE_CHECK_S = 1.0
 
 
 class SandboxUnavailable(SandboxError):
     """No sandbox can be made: the daemon is unreachable, the image is missing, or the pool is closed."""
+
+
+class MissingRuntime(Exception):
+    """sandbox.runtime names a runtime the Docker daemon does not have."""
 
 
 class PoolBusy(SandboxUnavailable):
@@ -167,11 +172,21 @@ class SandboxPool:
                                                timeout=60)
             self._client.ping()
             self._client.api.inspect_image(image)
+            runtime = self.sandbox_config.runtime
+            if runtime != "runc":
+                known = (self._client.info().get("Runtimes") or {}).keys()
+                if runtime not in known:
+                    raise MissingRuntime(
+                        f"the Docker daemon has no runtime {runtime!r} (it has: {', '.join(sorted(known))}); for "
+                        "gVisor run TITO_SANDBOX_RUNTIME=runsc scripts/setup.sh, which installs runsc and "
+                        "registers it with dockerd, or set sandbox.runtime=runc")
 
         try:
             await self._run(check)
         except docker.errors.ImageNotFound:
             reason = f"sandbox image {image!r} not found; {BUILD_HINT}"
+        except MissingRuntime as exc:
+            reason = str(exc)
         except (docker.errors.DockerException, OSError) as exc:
             reason = (f"Docker daemon unreachable ({exc}); start dockerd or set DOCKER_HOST, "
                       f"and make sure the image {image!r} exists ({BUILD_HINT})")
@@ -330,10 +345,26 @@ class SandboxPool:
                     continue
             if self._backoff:
                 await asyncio.sleep(self._backoff)
+            self._drop_dead_idle()
             missing = cfg.target_size - len(self._idle) - self._creating
             while missing > 0 and self._creating < cfg.max_concurrent_creates:
                 self._creating += 1
                 missing -= 1
                 self._spawn(self._fill_one())
             self._wake.clear()
-            await self._wake.wait()
+            try:
+                # Woken by acquires and finished creates; the timeout notices warm sandboxes that died
+                # (OOM-killed, removed from outside) while they waited.
+                async with asyncio.timeout(_DEAD_IDLE_CHECK_S):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    def _drop_dead_idle(self) -> None:
+        if all(sb.alive for sb in self._idle):
+            return
+        alive = [sb for sb in self._idle if sb.alive]
+        for sb in self._idle:
+            if not sb.alive:
+                self._spawn(sb.destroy())
+        self._idle = collections.deque(alive)

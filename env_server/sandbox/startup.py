@@ -59,11 +59,12 @@ def container_kwargs(config: SandboxConfig, container_labels: dict[str, str], na
         },
         cap_drop=list(config.cap_drop),
         security_opt=list(config.security_opt),
-        pids_limit=config.pids_limit,
+        pids_limit=config.host_pids_limit,
         mem_limit=config.mem_limit,
         memswap_limit=config.effective_memswap_limit,
         nano_cpus=config.nano_cpus,
         init=config.init,
+        runtime=config.runtime,
         # No core files (a host core_pattern pipe would run on the host); bounded fds.
         ulimits=[Ulimit(name="core", soft=0, hard=0),
                  Ulimit(name="nofile", soft=config.nofile_limit, hard=config.nofile_limit)],

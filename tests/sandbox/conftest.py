@@ -7,6 +7,7 @@ never sweep or count each other's containers.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -21,9 +22,14 @@ docker = pytest.importorskip("docker")
 SERVER_NAME = f"test-{uuid.uuid4().hex[:8]}"
 
 
+# TITO_TEST_RUNTIME=runsc runs every sandbox test under gVisor (scripts/setup.sh with
+# TITO_INSTALL_RUNSC=1 registers it); the hostile tests run under both runtimes anyway.
+TEST_RUNTIME = os.environ.get("TITO_TEST_RUNTIME", "runc")
+
+
 def fast_config(**overrides: Any) -> SandboxConfig:
     """Default hardening, shorter waits so the hostile tests stay quick."""
-    base: dict[str, Any] = dict(exec_timeout_s=10.0, interrupt_grace_s=0.5, kill_grace_s=1.0)
+    base: dict[str, Any] = dict(exec_timeout_s=10.0, interrupt_grace_s=0.5, kill_grace_s=1.0, runtime=TEST_RUNTIME)
     base.update(overrides)
     return SandboxConfig(**base)
 

@@ -65,12 +65,15 @@ async def test_hostile_commands_stay_inside_the_sandbox(pool):
     try:
         # A fork bomb hits the pids limit; when it returns (or times out) its processes are gone.
         out = await _bash(env, ":(){ :|:& };:")
-        assert "sandbox lost" not in out, out
-        assert await _bash(env, "echo alive") == "alive"
         assert await _bash(other, "echo untouched") == "untouched"
+        if "sandbox lost" in out:  # only without a pids limit (gVisor): memory ends it, with the sandbox
+            assert env.sandbox.config.runtime == "runsc" and "[sandbox lost: out of memory" in out, out
+            return
+        assert await _bash(env, "echo alive") == "alive"  # whatever the bomb left was stopped
         # Outside the working directory nothing is writable; cd / itself is allowed.
         out = await _bash(env, "cd / && touch /etc/x /x; echo rc=$?; pwd")
-        assert "Read-only file system" in out and "rc=1" in out and out.endswith("/")
+        # (runc says "Read-only file system"; gVisor "Permission denied".)
+        assert ("Read-only file system" in out or "Permission denied" in out) and "rc=1" in out and out.endswith("/")
         out = await _bash(env, "echo hi > /workspace/../usr/y; ls /usr/y")
         assert "Read-only file system" in out or "Permission denied" in out
         assert await _bash(env, "id -u; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '") == "1000\nlo"

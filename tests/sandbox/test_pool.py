@@ -42,7 +42,8 @@ async def test_warm_acquire_is_fast_and_labelled_and_hardened(pool, docker_clien
         hc = info["HostConfig"]
         assert hc["NetworkMode"] == "none" and hc["ReadonlyRootfs"] is True
         assert hc["CapDrop"] == ["ALL"] and "no-new-privileges" in hc["SecurityOpt"]
-        assert hc["PidsLimit"] == 64 and hc["Init"] is True
+        assert hc["PidsLimit"] == pool.sandbox_config.host_pids_limit and hc["Init"] is True
+        assert hc["Runtime"] == pool.sandbox_config.runtime
         assert hc["Memory"] == 512 << 20 and hc["MemorySwap"] == hc["Memory"]
         assert hc["NanoCpus"] == 1_000_000_000
         assert info["Config"]["User"] == "1000:1000"
@@ -190,6 +191,26 @@ async def test_opens_beyond_the_start_slots_queue_in_order_and_time_out_with_a_r
         await asyncio.gather(*(sb.destroy() for sb in made))
         # The slot is free again afterwards: a refused wait did not keep it.
         sb = await p.acquire()
+        await sb.destroy()
+    finally:
+        await p.close()
+    assert containers_with(docker_client, server=name) == []
+
+
+async def test_a_warm_sandbox_that_dies_while_waiting_is_replaced(docker_client):
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    p = SandboxPool(fast_config(), PoolConfig(target_size=1), server_name=name, instance_id="dead-idle")
+    await p.start()
+    try:
+        await _wait_depth(p, 1)
+        [first] = list(p._idle)  # noqa: SLF001 - the test looks at the pool's warm sandbox
+        docker_client.api.remove_container(first.container_id, force=True)  # killed from outside
+        deadline = time.monotonic() + 30
+        while not (p.depth == 1 and first not in p._idle):  # noqa: SLF001
+            assert time.monotonic() < deadline, "the dead warm sandbox was not replaced"
+            await asyncio.sleep(0.1)
+        sb = await p.acquire()
+        assert sb is not first and (await sb.execute("1 + 1")).value == "2"
         await sb.destroy()
     finally:
         await p.close()
