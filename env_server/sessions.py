@@ -58,6 +58,8 @@ class SessionRegistry:
         self._tombstone_cap = tombstones
         self._on_closed = on_closed
         self._reaper: asyncio.Task | None = None
+        # Container removals of closed sessions, running after CloseSession has answered.
+        self._removals: set[asyncio.Task] = set()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -90,13 +92,23 @@ class SessionRegistry:
         self._tombstones[session_id] = reason
         while len(self._tombstones) > self._tombstone_cap:
             self._tombstones.popitem(last=False)
-        await _teardown(session)
+        removal = await _teardown(session)
+        if removal is not None:
+            task = asyncio.get_running_loop().create_task(removal)
+            self._removals.add(task)
+            task.add_done_callback(self._removals.discard)
         if self._on_closed:
             self._on_closed(session, reason)
         return True
 
     async def close_all(self, reason: str) -> None:
         await asyncio.gather(*(self.close(sid, reason) for sid in list(self._sessions)))
+        await self.wait_removals()
+
+    async def wait_removals(self) -> None:
+        """Until every closed session's container is removed."""
+        while self._removals:
+            await asyncio.gather(*list(self._removals), return_exceptions=True)
 
     def start_reaper(self, interval_s: float) -> None:
         self._reaper = asyncio.create_task(self._reap_forever(interval_s), name="session-reaper")
@@ -126,14 +138,24 @@ class SessionRegistry:
                 log.exception("session reaper failed; retrying next round")
 
 
-async def _teardown(session: Session) -> None:
-    """Environment hook first, then the sandbox; failures are logged, never raised."""
+async def _teardown(session: Session) -> Awaitable[None] | None:
+    """The environment's hook now; the sandbox's removal is returned to run after the answer (a docker rm
+    takes ~30 ms of dockerd's time, and a burst of 128 closes would otherwise wait ~3 s for them).
+    The sandbox stops serving at once: its channel is closed before this returns. Failures are logged."""
     env = session.episode.env
-    steps: list[Callable[[], Awaitable[None]]] = [env.close]
-    if env.sandbox is not None:
-        steps.append(env.sandbox.destroy)
-    for step in steps:
+    try:
+        await env.close()
+    except Exception:
+        log.exception("error while closing session %s", session.id)
+    if env.sandbox is None:
+        return None
+    sandbox = env.sandbox
+    await sandbox.close_channel()
+
+    async def remove() -> None:
         try:
-            await step()
+            await sandbox.destroy()
         except Exception:
-            log.exception("error while closing session %s", session.id)
+            log.exception("error while removing the sandbox of session %s", session.id)
+
+    return remove()

@@ -135,6 +135,9 @@ def start_server(
         "HF_HUB_OFFLINE": "1",
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "examples" / "custom_env")]),
         "TITO_POOL__TARGET_SIZE": "2",
+        # A fixed warm pool, so tests can count containers; tests/sandbox/test_demand.py and the storm test
+        # cover the learning pool.
+        "TITO_POOL__LEARN_DEMAND": "false",
         **(env or {}),
     }
     cmd = [

@@ -107,8 +107,18 @@ class PoolConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    target_size: int = Field(4, ge=0)
-    max_concurrent_creates: int = Field(2, gt=0)  # bounds the refill rate (bursts overwhelm dockerd)
+    target_size: int = Field(4, ge=0)  # the floor: warm sandboxes kept however quiet it is
+    # The target follows demand: the largest burst of opens (opens within burst_window_s of each other)
+    # seen in the last demand_memory_s, up to max_target_size and to half the free memory at
+    # mem_per_sandbox_mib each (demand.py). learn_demand=false keeps target_size fixed.
+    learn_demand: bool = True
+    max_target_size: int = Field(256, ge=0)
+    burst_window_s: float = Field(10.0, gt=0)
+    demand_memory_s: float = Field(600.0, gt=0)
+    mem_per_sandbox_mib: float = Field(16.0, gt=0)
+    # Creates in flight for the refill; None: the machine's CPU count (at least 2). Bursts beyond what
+    # dockerd can start only queue inside it.
+    max_concurrent_creates: int | None = Field(None, gt=0)
     # Opens that find the pool empty start their own sandbox, at most this many at once; the rest queue
     # (first come, first served) for up to admission_timeout_s, then get UNAVAILABLE saying to retry.
     max_concurrent_starts: int = Field(6, gt=0)

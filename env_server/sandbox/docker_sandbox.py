@@ -247,6 +247,11 @@ class Sandbox:
         log.warning("sandbox %s lost: %s", self.session_id[:12], reason)
         return reason
 
+    async def close_channel(self) -> None:
+        """Stops serving at once (the REPL exits on the EOF); `destroy` removes the container later."""
+        await self._channel.close()
+        await self._attach.close()
+
     async def destroy(self) -> None:
         """Closes the channel and force-removes the container. Idempotent; never raises."""
         if self._destroyed:

@@ -15,6 +15,7 @@ import collections
 import concurrent.futures
 import enum
 import logging
+import os
 import weakref
 from typing import Any, Callable, TypeVar
 
@@ -23,6 +24,7 @@ import docker.errors
 
 from .config import BUILD_HINT, PoolConfig, SandboxConfig
 from .container import ContainerHandle
+from .demand import DemandTracker
 from .docker_sandbox import Sandbox, SandboxError
 from .labels import LABEL_INSTANCE, selector
 from .socket_channel import remove_instance_dirs
@@ -31,6 +33,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _MAX_BACKOFF_S = 30.0
 _DEAD_IDLE_CHECK_S = 1.0
+# While warm sandboxes are being taken (a burst), the refill holds off this long after the last acquire:
+# container starts would compete for the CPU with the burst they are meant to serve.
+_REFILL_QUIET_S = 0.5
 
 
 class SandboxUnavailable(SandboxError):
@@ -94,6 +99,12 @@ class SandboxPool:
         self._start_slots = asyncio.Semaphore(pool.max_concurrent_starts)
         self.admission_waiting = 0
         self.busy_total = 0  # opens refused after admission_timeout_s
+        self.demand = DemandTracker(
+            floor=pool.target_size, ceiling=pool.max_target_size if pool.learn_demand else pool.target_size,
+            burst_window_s=pool.burst_window_s, memory_s=pool.demand_memory_s,
+            mem_per_sandbox_mib=pool.mem_per_sandbox_mib)
+        self.max_creates = pool.max_concurrent_creates or max(2, os.cpu_count() or 2)
+        self._last_acquire = float("-inf")
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -134,7 +145,7 @@ class SandboxPool:
     def status_detail(self) -> str:
         """One line for health checks and UNAVAILABLE errors."""
         if self.state is PoolState.READY:
-            return (f"ready: {self.depth} warm of {self.pool_config.target_size}, "
+            return (f"ready: {self.depth} warm of {self.demand.target(len(self._idle))}, "
                     f"{self._creating} starting, image {self.sandbox_config.image}")
         if self.state is PoolState.CLOSED:
             return "sandbox pool closed"
@@ -158,8 +169,9 @@ class SandboxPool:
         self._refill_task = asyncio.get_running_loop().create_task(self._refill_loop(),
                                                                    name="sandbox-pool-refill")
         cfg = self.pool_config
-        log.info("sandbox pool: %d warm, refill %d at a time, on-demand starts max_concurrent_starts=%d, "
-                 "admission wait %.0f s, start timeout %.0f s", cfg.target_size, cfg.max_concurrent_creates,
+        log.info("sandbox pool: %d warm%s, refill %d at a time, on-demand starts max_concurrent_starts=%d, "
+                 "admission wait %.0f s, start timeout %.0f s", cfg.target_size,
+                 f" (up to {cfg.max_target_size} as demand grows)" if cfg.learn_demand else "", self.max_creates,
                  cfg.max_concurrent_starts, cfg.admission_timeout_s, cfg.create_timeout_s)
 
     async def _probe(self) -> bool:
@@ -269,6 +281,8 @@ class SandboxPool:
                 raise SandboxUnavailable("sandbox pool is not started")
             if not await self._probe():
                 raise SandboxUnavailable(f"sandbox pool not ready: {self.reason}")
+        self.demand.opened()
+        self._last_acquire = asyncio.get_running_loop().time()
         try:
             sb = self._take_idle()
             if sb is not None:
@@ -346,11 +360,18 @@ class SandboxPool:
             if self._backoff:
                 await asyncio.sleep(self._backoff)
             self._drop_dead_idle()
-            missing = cfg.target_size - len(self._idle) - self._creating
-            while missing > 0 and self._creating < cfg.max_concurrent_creates:
+            since = asyncio.get_running_loop().time() - self._last_acquire
+            if self._idle and since < _REFILL_QUIET_S:
+                await asyncio.sleep(_REFILL_QUIET_S - since)
+                continue
+            target = self.demand.target(held=len(self._idle) + self._creating)
+            missing = target - len(self._idle) - self._creating
+            while missing > 0 and self._creating < self.max_creates:
                 self._creating += 1
                 missing -= 1
                 self._spawn(self._fill_one())
+            while len(self._idle) > target:  # demand fell: give back the memory of the warm surplus
+                self._spawn(self._idle.popleft().destroy())
             self._wake.clear()
             try:
                 # Woken by acquires and finished creates; the timeout notices warm sandboxes that died

@@ -56,7 +56,7 @@ def docker_client(docker_ok: None) -> Any:
 
 @pytest.fixture(scope="session")
 async def pool(docker_ok: None) -> AsyncIterator[SandboxPool]:
-    p = SandboxPool(fast_config(), PoolConfig(target_size=2, max_concurrent_creates=2),
+    p = SandboxPool(fast_config(), PoolConfig(target_size=2, max_concurrent_creates=2, learn_demand=False),
                     server_name=SERVER_NAME, instance_id=f"main-{uuid.uuid4().hex[:8]}")
     await p.start()
     assert p.ready, p.reason

@@ -44,7 +44,8 @@ async def pool(docker_ok, request):
     image, runtime = request.param
     if runtime == "runsc" and os.environ.get("TITO_REQUIRE_RUNSC") != "1" and not _has_runtime("runsc"):
         pytest.skip("dockerd has no runsc runtime (TITO_INSTALL_RUNSC=1 scripts/setup.sh registers it)")
-    p = SandboxPool(fast_config(image=image, runtime=runtime), PoolConfig(target_size=2, max_concurrent_creates=2),
+    p = SandboxPool(fast_config(image=image, runtime=runtime),
+                    PoolConfig(target_size=2, max_concurrent_creates=2, learn_demand=False),
                     # Its own server name: a pool's start-up sweep removes its server name's other instances.
                     server_name=f"{SERVER_NAME}-h", instance_id=f"hostile-{uuid.uuid4().hex[:8]}")
     await p.start()

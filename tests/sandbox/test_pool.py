@@ -170,8 +170,9 @@ async def test_opens_beyond_the_start_slots_queue_in_order_and_time_out_with_a_r
     """One start slot: a second open waits for it (its own start is not timed while it waits); with a
     short admission wait, a third gets PoolBusy naming the setting and saying to retry."""
     name = f"test-{uuid.uuid4().hex[:8]}"
-    p = SandboxPool(fast_config(), PoolConfig(target_size=0, max_concurrent_starts=1, admission_timeout_s=60,
-                                              create_timeout_s=20), server_name=name, instance_id="adm")
+    cfg = PoolConfig(target_size=0, learn_demand=False, max_concurrent_starts=1, admission_timeout_s=60,
+                     create_timeout_s=20)
+    p = SandboxPool(fast_config(), cfg, server_name=name, instance_id="adm")
     await p.start()
     try:
         t0 = time.monotonic()
