@@ -23,6 +23,7 @@ import docker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from env_server.sandbox.demand import available_memory_mib  # noqa: E402
 from tests.harness import containers_of, docker_available, start_server  # noqa: E402
 from tito.client import TitoClient  # noqa: E402
 from tito.types import ToolCall  # noqa: E402
@@ -186,6 +187,12 @@ def main() -> int:
         print(f"containerd shim per sandbox (host memory outside the cgroup): {summary(shims)}")
     print(f"server RSS: {rss_start / MIB:.0f} MiB at start, {rss_before / MIB:.0f} MiB with the Qwen tokenizer registered, "
           f"+{(rss_after - rss_before) / MIB / args.sessions:.2f} MiB per open session")
+    per_session = (sum(typical) / len(typical) + (sum(shims) / len(shims) if shims else 0)
+                   + (rss_after - rss_before) / args.sessions) / MIB
+    free = available_memory_mib()
+    print(f"memory per session (typical sandbox + shim + server share): {per_session:.1f} MiB = "
+          f"{int(1024 / per_session)} sessions per GiB"
+          + (f"; this machine's available memory ({free:.0f} MiB) holds ~{int(free / per_session)}" if free else ""))
     print(f"{steps} trivial steps in {wall:.2f} s ({steps / wall:.0f} steps/s, {len(sessions)} concurrent)")
     print(f"churn: {churn_n} episodes (open, one step, close; 8 at a time) in {churn_s:.1f} s = "
           f"{churn_n / churn_s:.1f} episodes/s, bounded by container starts (pool refill)")
