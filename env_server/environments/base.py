@@ -42,6 +42,13 @@ class NoEnvArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class StrictArgs(BaseModel):
+    """A base for tool arguments: unknown keys are refused, and a number or a list where a string belongs is
+    an error rather than silently converted (what a model wrote is what the tool gets, or it is told why not)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 class ToolError(Exception):
     """Raise inside a tool to send the model an error message (the episode goes on)."""
 

@@ -6,42 +6,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from env_server.environments.base import Environment, tool
-from env_server.environments.files import SessionFilesArgs, seed_files
+from env_server.environments.base import StrictArgs, tool
+from env_server.environments.sandboxed import SandboxedEnvironment
 from env_server.sandbox.result import ExecResult
 from tito.types import ToolResult
 
 _SHELL_SOURCE = Path(__file__).with_name("shell_session.py").read_text(encoding="utf-8")
 
 
-class BashEnvArgs(SessionFilesArgs):
-    model_config = ConfigDict(extra="forbid")
-
-    timeout_s: float | None = Field(
-        default=None, gt=0, le=600, description="Per-command timeout; defaults to the server's sandbox setting."
-    )
-
-
-class RunBashArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class RunBashArgs(StrictArgs):
     command: str = Field(description="A bash command line (several lines allowed). The shell persists across calls.")
 
 
-class BashEnvironment(Environment):
+class BashEnvironment(SandboxedEnvironment):
+    """One bash per session. What a command leaves running is stopped when it returns; a command over its
+    timeout restarts the shell (shell_session.py has the rules)."""
+
     name = "bash"
     description = (
         "A persistent bash shell in an isolated sandbox (no network, a writable working directory). "
         "The working directory, exported variables and files persist across calls within a session."
     )
-    EnvArgs = BashEnvArgs
-    needs_sandbox = True
 
     async def setup(self) -> None:
+        await super().setup()  # the seeded files first: the shell starts among them
         assert self.sandbox is not None
-        await seed_files(self.sandbox, self.env_args.files)
         started = await self.sandbox.execute(_SHELL_SOURCE)
         if not started.ok:
             why = started.lost_reason or started.error or "timed out"

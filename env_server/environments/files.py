@@ -15,7 +15,6 @@ import base64
 import json
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field, field_validator
 
 from env_server.errors import quote
 
@@ -45,33 +44,22 @@ def check_path(path: str) -> str:
     return path
 
 
-class SessionFilesArgs(BaseModel):
-    """env_args fields shared by the sandboxed environments: files to seed."""
-
-    files: dict[str, str] = Field(
-        default_factory=dict,
-        description=f"Text files to create in the working directory before the first call: relative path -> "
-                    f"content (UTF-8). At most {MAX_FILES} files, {MAX_TOTAL_BYTES} bytes in all; no absolute "
-                    "paths and no '..'.",
-    )
-
-    @field_validator("files")
-    @classmethod
-    def _check_files(cls, files: dict[str, str]) -> dict[str, str]:
-        if len(files) > MAX_FILES:
-            raise ValueError(f"{len(files)} files; at most {MAX_FILES}")
-        total = sum(len(c.encode("utf-8", "surrogatepass")) for c in files.values())
-        if total > MAX_TOTAL_BYTES:
-            raise ValueError(f"the files hold {total} bytes; at most {MAX_TOTAL_BYTES} in all")
-        for path in files:
-            check_path(path)
-        paths = set(files)
-        for path in files:  # "a" and "a/b" cannot both be files
-            parts = path.split("/")
-            for i in range(1, len(parts)):
-                if "/".join(parts[:i]) in paths:
-                    raise ValueError(f"file path {quote(path)} puts a file inside the file {quote('/'.join(parts[:i]))}")
-        return files
+def check_files(files: dict[str, str]) -> dict[str, str]:
+    """`files` if within the limits and every path is safe; ValueError saying what is wrong otherwise."""
+    if len(files) > MAX_FILES:
+        raise ValueError(f"{len(files)} files; at most {MAX_FILES}")
+    total = sum(len(c.encode("utf-8", "surrogatepass")) for c in files.values())
+    if total > MAX_TOTAL_BYTES:
+        raise ValueError(f"the files hold {total} bytes; at most {MAX_TOTAL_BYTES} in all")
+    for path in files:
+        check_path(path)
+    paths = set(files)
+    for path in files:  # "a" and "a/b" cannot both be files
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in paths:
+                raise ValueError(f"file path {quote(path)} puts a file inside the file {quote('/'.join(parts[:i]))}")
+    return files
 
 
 def seed_code(files: dict[str, str]) -> str:

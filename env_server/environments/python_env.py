@@ -2,46 +2,33 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from env_server.environments.base import Environment, tool
-from env_server.environments.files import SessionFilesArgs, seed_files
+from env_server.environments.base import StrictArgs, tool
+from env_server.environments.sandboxed import SandboxedEnvironment, SandboxEnvArgs
 from env_server.sandbox.result import ExecResult
 from tito.answers import answer_matches
 from tito.types import ToolResult
 
 
-class PythonEnvArgs(SessionFilesArgs):
-    model_config = ConfigDict(extra="forbid")
-
+class PythonEnvArgs(SandboxEnvArgs):
     expected_answer: str | None = Field(
         default=None,
         description="If set, the episode's reward is 1.0 when the final answer equals it, else 0.0.",
     )
-    timeout_s: float | None = Field(
-        default=None, gt=0, le=600, description="Per-call timeout; defaults to the server's sandbox setting."
-    )
 
 
-class RunPythonArgs(BaseModel):
-    # strict: a number or a list where code belongs is an error, not silently str()-ed.
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class RunPythonArgs(StrictArgs):
     code: str = Field(description="Python source to run. Variables, imports and files persist across calls.")
 
 
-class PythonEnvironment(Environment):
+class PythonEnvironment(SandboxedEnvironment):
     name = "python"
     description = (
         "A stateful Python interpreter in an isolated sandbox (no network). "
         "Variables, imports and files in the working directory persist across calls within a session."
     )
     EnvArgs = PythonEnvArgs
-    needs_sandbox = True
-
-    async def setup(self) -> None:
-        assert self.sandbox is not None
-        await seed_files(self.sandbox, self.env_args.files)
 
     @tool
     async def run_python(self, args: RunPythonArgs) -> ToolResult:

@@ -27,19 +27,25 @@ def _expected(ctx, conv, tools):
                                              return_dict=False, sanitize_control_tokens=True)
 
 
-@pytest.mark.parametrize("template", ["qwen3_6", "glm4moe", "gemma4", "lfm2_2_5"])
-def test_two_rounds_and_an_answer_are_token_exact(stub, template):
+def _open(stub, template: str):
+    """Registers the template's tokenizer (the server's answer checked against a local registration) and
+    opens a python session with one user message: (local context, conversation, opened, tool specs)."""
     files = build_tokenizer_files(template=template)
     reg = stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=files), timeout=300)
     ctx = LOCAL.register(files)
     assert (reg.fingerprint, list(reg.stop_token_ids), reg.template_family) == (
         ctx.fingerprint, ctx.stop_token_ids, ctx.family)
-    style = ctx.rules.style
     conv = [{"role": "user", "content": "What is 6 times 7? Use Python."}]
     opened = stub.OpenSession(pb.OpenSessionRequest(environment="python", tokenizer_fingerprint=reg.fingerprint,
                                                     messages=[pb.Message(role="user", content=conv[0]["content"])]),
                               timeout=60)
-    sid, tools = opened.session_id, [wire.tool_spec_from_pb(t).openai_spec() for t in opened.tools]
+    return ctx, conv, opened, [wire.tool_spec_from_pb(t).openai_spec() for t in opened.tools]
+
+
+@pytest.mark.parametrize("template", ["qwen3_6", "glm4moe", "gemma4", "lfm2_2_5"])
+def test_two_rounds_and_an_answer_are_token_exact(stub, template):
+    ctx, conv, opened, tools = _open(stub, template)
+    style, sid = ctx.rules.style, opened.session_id
     try:
         ours = list(opened.prompt_ids)
         assert ours == _expected(ctx, conv, tools)  # the prompt is the template's own render, with the tools
@@ -67,15 +73,8 @@ def test_deepseek_v3_later_rounds_get_their_own_suffix_shape(stub):
     """DeepSeek V3's template opens the tool outputs once per conversation and rewrites earlier turns once
     later ones follow: each Step's suffix is the exact tail of the template's render at that point, with
     the first round's shape at seq 1 and the later one after."""
-    files = build_tokenizer_files(template="deepseekv3")
-    reg = stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=files), timeout=300)
-    ctx = LOCAL.register(files)
-    style = ctx.rules.style
-    conv = [{"role": "user", "content": "What is 6 times 7? Use Python."}]
-    opened = stub.OpenSession(pb.OpenSessionRequest(environment="python", tokenizer_fingerprint=reg.fingerprint,
-                                                    messages=[pb.Message(role="user", content=conv[0]["content"])]),
-                              timeout=60)
-    sid, tools = opened.session_id, [wire.tool_spec_from_pb(t).openai_spec() for t in opened.tools]
+    ctx, conv, opened, tools = _open(stub, "deepseekv3")
+    style, sid = ctx.rules.style, opened.session_id
     try:
         assert list(opened.prompt_ids) == _expected(ctx, conv, tools)
         for seq, code in enumerate(["print(6 * 7)", "print(7 * 6)", "print(42)"], start=1):
