@@ -138,6 +138,9 @@ def start_server(
         # A fixed warm pool, so tests can count containers; tests/sandbox/test_demand.py and the storm test
         # cover the learning pool.
         "TITO_POOL__LEARN_DEMAND": "false",
+        # No warm pool for the other images (python_scientific starts its sandboxes on demand): the warm
+        # containers a test counts are the 2 above.
+        "TITO_POOL__OTHER_IMAGES_TARGET_SIZE": "0",
         **(env or {}),
     }
     cmd = [
