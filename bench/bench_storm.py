@@ -79,8 +79,7 @@ def main() -> int:
         single = asyncio.run(cold_start_s(cold.address, args.cold_tries))
     finally:
         cold.terminate()
-    srv = start_server(tmp, env={"TITO_POOL__TARGET_SIZE": str(args.pool_size), "TITO_MAX_SESSIONS": "1024",
-                                 "TITO_POOL__LEARN_DEMAND": "true"})
+    srv = start_server(tmp, env={"TITO_POOL__TARGET_SIZE": str(args.pool_size), "TITO_MAX_SESSIONS": "1024"})
     try:
         wall, lat, failures = asyncio.run(storm(srv.address, args.sessions))
         slots = _start_slots(srv)

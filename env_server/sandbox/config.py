@@ -112,7 +112,7 @@ class PoolConfig(BaseModel):
     # seen in the last demand_memory_s, up to max_target_size and to half the free memory at
     # mem_per_sandbox_mib each (demand.py). learn_demand=false keeps target_size fixed.
     learn_demand: bool = True
-    max_target_size: int = Field(256, ge=0)
+    max_target_size: int = Field(128, ge=0)
     burst_window_s: float = Field(10.0, gt=0)
     demand_memory_s: float = Field(600.0, gt=0)
     mem_per_sandbox_mib: float = Field(16.0, gt=0)
