@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import socket
-from typing import Any
+from typing import Any, Callable
 
 from . import repl_protocol as protocol
 
@@ -44,6 +44,7 @@ class ReplChannel:
         self._unsolicited = 0
         self.closed = False
         self.close_reason: str | None = None
+        self._close_listeners: list[Callable[[], Any]] = []
         self._task = asyncio.get_running_loop().create_task(self._read_loop(), name=f"chan-{name}")
 
     @classmethod
@@ -124,11 +125,21 @@ class ReplChannel:
             self._stderr_logged += len(chunk)
             log.warning("sandbox %s REPL stderr: %s", self.name, chunk.decode("utf-8", "replace").rstrip())
 
+    def on_close(self, listener: Callable[[], Any]) -> None:
+        """Calls `listener()` once, when the channel closes (at once if it already has)."""
+        if self.closed:
+            listener()
+        else:
+            self._close_listeners.append(listener)
+
     def _shutdown(self, reason: str) -> None:
         if self.closed:
             return
         self.closed = True
         self.close_reason = reason
+        for listener in self._close_listeners:
+            listener()
+        self._close_listeners.clear()
         exc = ChannelClosed(reason)
         if not self._ready.done():
             self._ready.set_exception(exc)

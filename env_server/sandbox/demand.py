@@ -54,6 +54,12 @@ class DemandTracker:
         """The largest burst seen within memory_s (0 once it is older)."""
         return self._peak if self._clock() - self._peak_at <= self.memory_s else 0
 
+    def seconds_until_forgotten(self) -> float | None:
+        """Seconds until the remembered burst stops counting (the target falls then); None if no burst above
+        the floor is remembered."""
+        left = self._peak_at + self.memory_s - self._clock()
+        return left if self._peak > self.floor and left >= 0 else None
+
     def memory_ceiling(self) -> int | None:
         free = self._free_mib()
         return None if free is None else int(free / 2 / self.mem_per_sandbox_mib)
@@ -61,7 +67,7 @@ class DemandTracker:
     def target(self, held: int = 0) -> int:
         """Warm sandboxes to keep. `held`: warm ones already made (their memory is not free any more)."""
         want = max(self.floor, min(self.peak, self.ceiling))
+        if want == self.floor:
+            return want  # no need to read the free memory for the floor
         room = self.memory_ceiling()
-        if room is not None and want > self.floor:
-            want = max(self.floor, min(want, room + held))
-        return want
+        return want if room is None else max(self.floor, min(want, room + held))

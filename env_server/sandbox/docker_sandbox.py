@@ -247,6 +247,12 @@ class Sandbox:
         log.warning("sandbox %s lost: %s", self.session_id[:12], reason)
         return reason
 
+    def on_death(self, listener: Callable[[], Any]) -> None:
+        """Calls `listener()` when the sandbox stops being able to serve (either channel closed)."""
+        self._channel.on_close(listener)
+        if self._attach is not self._channel:
+            self._attach.on_close(listener)
+
     async def close_channel(self) -> None:
         """Stops serving at once (the REPL exits on the EOF); `destroy` removes the container later."""
         await self._channel.close()

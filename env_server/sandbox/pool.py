@@ -32,7 +32,6 @@ from .socket_channel import remove_instance_dirs
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _MAX_BACKOFF_S = 30.0
-_DEAD_IDLE_CHECK_S = 1.0
 # While warm sandboxes are being taken (a burst), the refill holds off this long after the last acquire:
 # container starts would compete for the CPU with the burst they are meant to serve.
 _REFILL_QUIET_S = 0.5
@@ -284,14 +283,14 @@ class SandboxPool:
         self.demand.opened()
         self._last_acquire = asyncio.get_running_loop().time()
         try:
-            sb = self._take_idle()
-            if sb is not None:
-                return sb
+            self._drop_dead_idle()
+            if self._idle:
+                return self._idle.popleft()
             await self._admit()
             try:
-                sb = self._take_idle()  # the refill may have made one while this open waited
-                if sb is not None:
-                    return sb
+                self._drop_dead_idle()
+                if self._idle:  # the refill made one while this open waited
+                    return self._idle.popleft()
                 return await self._create()
             except SandboxError:
                 self.failed_total += 1
@@ -300,14 +299,6 @@ class SandboxPool:
                 self._start_slots.release()
         finally:
             self._wake.set()
-
-    def _take_idle(self) -> Sandbox | None:
-        while self._idle:
-            sb = self._idle.popleft()
-            if sb.alive:
-                return sb
-            self._spawn(sb.destroy())  # died while waiting (should not happen): drop it
-        return None
 
     async def _admit(self) -> None:
         """Waits for a start slot, at most admission_timeout_s; raises PoolBusy after that."""
@@ -345,6 +336,9 @@ class SandboxPool:
             if self._closed:
                 await sb.destroy()
             else:
+                # A warm sandbox that dies while it waits (OOM-killed, removed from outside) wakes the
+                # refill, which drops and replaces it.
+                sb.on_death(self._wake.set)
                 self._idle.append(sb)
         finally:
             self._creating -= 1
@@ -373,19 +367,20 @@ class SandboxPool:
             while len(self._idle) > target:  # demand fell: give back the memory of the warm surplus
                 self._spawn(self._idle.popleft().destroy())
             self._wake.clear()
+            # Woken by acquires, finished creates and warm sandboxes that died; and when a learned burst is
+            # forgotten, to give back the surplus.
+            forget_in = self.demand.seconds_until_forgotten()
             try:
-                # Woken by acquires and finished creates; the timeout notices warm sandboxes that died
-                # (OOM-killed, removed from outside) while they waited.
-                async with asyncio.timeout(_DEAD_IDLE_CHECK_S):
+                async with asyncio.timeout(None if forget_in is None else forget_in + 0.05):
                     await self._wake.wait()
             except TimeoutError:
                 pass
 
     def _drop_dead_idle(self) -> None:
+        """Removes the warm sandboxes that died while they waited."""
         if all(sb.alive for sb in self._idle):
             return
-        alive = [sb for sb in self._idle if sb.alive]
         for sb in self._idle:
             if not sb.alive:
                 self._spawn(sb.destroy())
-        self._idle = collections.deque(alive)
+        self._idle = collections.deque(sb for sb in self._idle if sb.alive)

@@ -4,10 +4,9 @@ grows to a burst it has seen and shrinks back once the burst is forgotten."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
-
-import pytest
 
 from env_server.sandbox import PoolConfig, SandboxPool
 from env_server.sandbox.demand import DemandTracker
@@ -32,7 +31,7 @@ def _tracker(clock, free_mib=100_000.0, **kw):
 def test_the_target_is_the_largest_recent_burst_within_floor_ceiling_and_memory():
     clock = Clock()
     d = _tracker(clock)
-    assert d.target() == 2  # quiet: the floor
+    assert d.target() == 2 and d.seconds_until_forgotten() is None  # quiet: the floor
     for _ in range(40):
         d.opened()
     assert d.peak == 40 and d.target() == 40
@@ -41,8 +40,9 @@ def test_the_target_is_the_largest_recent_burst_within_floor_ceiling_and_memory(
         d.opened()
         clock.now += 11
     assert d.target() == 40  # the burst is remembered for memory_s...
+    assert d.seconds_until_forgotten() == 60 - 44
     clock.now += 61
-    assert d.target() == 2  # ...then forgotten
+    assert d.target() == 2 and d.seconds_until_forgotten() is None  # ...then forgotten
     for _ in range(100):
         d.opened()
     assert d.target() == 64  # capped by the ceiling
@@ -85,9 +85,7 @@ def test_learning_can_be_switched_off():
     assert p.demand.target() == 3
 
 
-@pytest.mark.parametrize("cpus", [None])
-def test_creates_default_to_the_machine(cpus):
-    import os
-
-    p = SandboxPool(fast_config(), PoolConfig(max_concurrent_creates=cpus), server_name="x", instance_id="y")
+def test_creates_default_to_the_machine():
+    p = SandboxPool(fast_config(), PoolConfig(), server_name="x", instance_id="y")
     assert p.max_creates == max(2, os.cpu_count() or 2)
+    assert SandboxPool(fast_config(), PoolConfig(max_concurrent_creates=3), server_name="x", instance_id="y").max_creates == 3
