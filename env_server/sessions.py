@@ -13,10 +13,13 @@ import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from env_server.episode import Episode
 from env_server.errors import SessionNotFound
+
+if TYPE_CHECKING:
+    from env_server.sandbox.docker_sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +95,9 @@ class SessionRegistry:
         self._tombstones[session_id] = reason
         while len(self._tombstones) > self._tombstone_cap:
             self._tombstones.popitem(last=False)
-        removal = await _teardown(session)
-        if removal is not None:
-            task = asyncio.get_running_loop().create_task(removal)
+        sandbox = await _teardown(session)
+        if sandbox is not None:
+            task = asyncio.get_running_loop().create_task(sandbox.destroy())
             self._removals.add(task)
             task.add_done_callback(self._removals.discard)
         if self._on_closed:
@@ -138,24 +141,15 @@ class SessionRegistry:
                 log.exception("session reaper failed; retrying next round")
 
 
-async def _teardown(session: Session) -> Awaitable[None] | None:
-    """The environment's hook now; the sandbox's removal is returned to run after the answer (a docker rm
-    takes ~30 ms of dockerd's time, and a burst of 128 closes would otherwise wait ~3 s for them).
-    The sandbox stops serving at once: its channel is closed before this returns. Failures are logged."""
+async def _teardown(session: Session) -> Sandbox | None:
+    """The environment's hook, then the sandbox stops serving (its channel closes); the sandbox is returned
+    for its container to be removed after the answer (a docker rm takes ~30 ms of dockerd's time, and a
+    burst of 128 closes would otherwise wait ~3 s for them). Failures of the hook are logged."""
     env = session.episode.env
     try:
         await env.close()
     except Exception:
         log.exception("error while closing session %s", session.id)
-    if env.sandbox is None:
-        return None
-    sandbox = env.sandbox
-    await sandbox.close_channel()
-
-    async def remove() -> None:
-        try:
-            await sandbox.destroy()
-        except Exception:
-            log.exception("error while removing the sandbox of session %s", session.id)
-
-    return remove()
+    if env.sandbox is not None:
+        await env.sandbox.close_channel()
+    return env.sandbox
