@@ -186,7 +186,7 @@ class RenderingContext:
         group = [msgs.tool("lookup", self.rules.style.call_id(0, 0), "r")]
         calls = [ToolCall(self.rules.style.call_id(0, 0), "lookup", "{}")]
         try:
-            return self.suffix_text(calls, group) != self.suffix_text(calls, group, later_round=True, _probe=True)
+            return self._suffix_after(calls, group, False) != self._suffix_after(calls, group, True)
         except Exception:
             return False  # the golden check reports what does not render
 
@@ -224,14 +224,17 @@ class RenderingContext:
             self._turns[(names, ids, later_round)] = (base, prefix, ids)
         return base, prefix, ids
 
-    def suffix_text(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict], later_round: bool = False,
-                    _probe: bool = False) -> str:
+    def suffix_text(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict], later_round: bool = False) -> str:
         """The suffix as (sanitized) template text; raises SuffixRenderError if not prefix-stable.
         `later_round`: the session has had a tool round before this one (matters where `rounds_differ`)."""
+        return self._suffix_after(tool_calls, tool_messages, later_round and self.rounds_differ)
+
+    def _suffix_after(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict], earlier_round: bool) -> str:
+        """The suffix after the synthetic call turn (with one synthetic tool round before it: `earlier_round`)."""
         if not tool_messages:
             raise ValueError("render_suffix needs at least one tool message")
         try:
-            base, prefix, ids = self._call_turn(tool_calls, later_round and (_probe or self.rounds_differ))
+            base, prefix, ids = self._call_turn(tool_calls, earlier_round)
             if not self._ids_matter:
                 tool_messages = [dict(m, tool_call_id=ids[i]) if i < len(ids) else m
                                  for i, m in enumerate(tool_messages)]
