@@ -151,7 +151,8 @@ class ProgressBar:
             self._bar.close()
 
 
-def _pyplot():
+def headless_pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display), imported when a plot is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -162,7 +163,7 @@ def _pyplot():
 
 def plot_metrics(history: list[dict[str, Any]], path: Path) -> None:
     """Reward mean ± std and rollout lengths over the GRPO steps."""
-    plt = _pyplot()
+    plt = headless_pyplot()
     steps = [m["step"] for m in history]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     mean = [m["reward_mean"] for m in history]
@@ -184,7 +185,7 @@ def plot_metrics(history: list[dict[str, Any]], path: Path) -> None:
 
 def plot_warm_start(history: list[dict[str, Any]], path: Path) -> None:
     """The SFT loss over the warm-start steps."""
-    plt = _pyplot()
+    plt = headless_pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot([m["step"] for m in history], [m["loss"] for m in history])
     ax.set_yscale("log")

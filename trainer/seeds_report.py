@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainer.report import _pyplot
+from trainer.report import headless_pyplot
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def table(runs: list[RunCurve], window: int) -> str:
 
 
 def plot(runs: list[RunCurve], path: Path, title: str) -> None:
-    plt = _pyplot()
+    plt = headless_pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for r in runs:
         ax.plot(range(1, len(r.rewards) + 1), r.rewards, alpha=0.45, linewidth=1, label=r.name)

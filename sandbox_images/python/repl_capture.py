@@ -37,7 +37,7 @@ class PipeCapture:
     """A pipe whose write end becomes fd 1 or 2; a thread drains it into the current call's buffer.
 
     Output arriving between calls (background threads/processes) is discarded and counted
-    (`take_between`), so the next call can say so. The end of a
+    (`begin` returns the count), so the next call can say so. The end of a
     call's output is found by writing SENTINEL into the pipe: the pipe is FIFO, so everything
     written before it has been consumed once the reader sees it.
     """

@@ -280,7 +280,7 @@ class Repl:
 
     def _user_threads(self):
         """Threads the code started that are still running (names, at most 5, capped), else ""."""
-        names = [t.name for t in threading.enumerate() if t.ident not in self.own_threads and t.is_alive()]
+        names = [t.name for t in threading.enumerate() if t.ident not in self.own_threads]
         shown = ", ".join(n[:40] for n in names[:5])
         return shown + (" and %d more" % (len(names) - 5) if len(names) > 5 else "")
 

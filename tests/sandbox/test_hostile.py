@@ -117,8 +117,13 @@ async def test_killing_pid1_is_contained(sandbox):
     r = await sandbox.execute("import os, signal\nos.kill(1, signal.SIGKILL)\n"
                               "os.kill(1, signal.SIGTERM)\nos.kill(1, signal.SIGINT)\n'sent'")
     if sandbox.config.runtime == "runsc":
-        # gVisor lets the SIGKILL through to its init: the sandbox dies, is reported lost, and that is all.
-        assert r.lost and not sandbox.alive, r
+        # gVisor may let the SIGKILL through to its init (not always: it races with the signal's delivery):
+        # then the sandbox dies and is reported lost, at the latest on the next call; else it goes on.
+        if not r.lost:
+            await asyncio.sleep(0.2)
+            r = await sandbox.execute("'alive'")
+        assert (r.lost and r.lost_reason) or (r.ok and r.value == "'alive'"), r
+        assert sandbox.alive == (not r.lost)
         return
     # SIGKILL to a pid-namespace init from inside is ignored by the kernel; docker-init forwards
     # SIGTERM/SIGINT to the REPL, which ignores SIGTERM and treats the SIGINT as an interrupt.
