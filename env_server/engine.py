@@ -17,35 +17,22 @@ from typing import Any
 
 from env_server.config import ServerConfig
 from env_server.environments.base import Environment
-from env_server.episode import AssistantTurn, Episode
+from env_server.episode import Episode
 from env_server.errors import ErrorKind, RequestError, quote
 from env_server.idempotency import OnceByKey
 from env_server.metrics import ServerMetrics
-from env_server.rendering import (
-    InvalidTokenizerFilesError,
-    RenderingContext,
-    TokenizerRegistry,
-    UnsupportedTemplateError,
-    UploadTooLargeError,
-)
+from env_server.rendering import (InvalidTokenizerFilesError, RenderingContext, TokenizerRegistry,
+                                  UnsupportedTemplateError, UploadTooLargeError)
 from env_server.sandbox.docker_sandbox import new_session_id
 from env_server.sandbox.pool import SandboxPool
 from env_server.sessions import Session, SessionRegistry
-from tito.types import EnvironmentInfo, Message, OpenedSession, StepResult, TokenizerRegistration
+from tito.types import (EnvironmentInfo, Message, OpenedSession, OpenSessionRequest, RegisterTokenizerRequest,
+                        StepRequest, StepResult, TokenizerRegistration)
 
 log = logging.getLogger(__name__)
 
 # Retried OpenSession calls are recognised by client_request_id for this many recent openings.
 _REMEMBERED_OPENINGS = 4096
-
-
-@dataclass(frozen=True)
-class OpenRequest:
-    environment: str
-    tokenizer_fingerprint: str = ""  # empty: no ids are rendered
-    messages: tuple[Message, ...] = ()
-    env_args_json: str = ""
-    client_request_id: str = ""  # idempotency key chosen by the client
 
 
 @dataclass
@@ -63,11 +50,11 @@ class Engine:
     def list_environments(self) -> list[EnvironmentInfo]:
         return [cls.info() for cls in self.environments.values()]
 
-    async def register_tokenizer(self, files: dict[str, bytes], chat_template_kwargs_json: str) -> TokenizerRegistration:
-        kwargs = _json_object(chat_template_kwargs_json, "chat_template_kwargs_json")
+    async def register_tokenizer(self, request: RegisterTokenizerRequest) -> TokenizerRegistration:
         try:
             # Loading and the golden check take a while: keep them off the event loop.
-            ctx = await asyncio.to_thread(self.tokenizers.register, files, kwargs)
+            ctx = await asyncio.to_thread(self.tokenizers.register, dict(request.files),
+                                          dict(request.chat_template_kwargs))
         except UploadTooLargeError as e:
             raise RequestError(ErrorKind.RESOURCE_EXHAUSTED, str(e)) from e
         except InvalidTokenizerFilesError as e:
@@ -79,13 +66,13 @@ class Engine:
 
     # ------------------------------------------------------------ sessions
 
-    async def open_session(self, request: OpenRequest) -> OpenedSession:
+    async def open_session(self, request: OpenSessionRequest) -> OpenedSession:
         if not request.client_request_id:
             return await self._open(request)
         # Retries with the same key share one opening, also while it still runs.
         return await self._openings.run(request.client_request_id, functools.partial(self._open, request))
 
-    async def _open(self, request: OpenRequest) -> OpenedSession:
+    async def _open(self, request: OpenSessionRequest) -> OpenedSession:
         started = time.perf_counter()
         env_cls = self.environments.get(request.environment)
         if env_cls is None:
@@ -154,11 +141,11 @@ class Engine:
             raise
         return env
 
-    async def step(self, session_id: str, turn: AssistantTurn) -> StepResult:
+    async def step(self, request: StepRequest) -> StepResult:
         started = time.perf_counter()
-        session = self.sessions.get(session_id)
+        session = self.sessions.get(request.session_id)
         session.touch()
-        result = await session.episode.step(turn)
+        result = await session.episode.step(request)
         session.touch()
         self.metrics.step_latency.labels(session.env_name).observe(time.perf_counter() - started)
         return result

@@ -17,14 +17,13 @@ import dataclasses
 import functools
 import logging
 import time
-from dataclasses import dataclass
 
 from env_server.environments.base import Environment
 from env_server.errors import ErrorKind, RequestError, quote
 from env_server.idempotency import OnceByKey
 from env_server.metrics import ServerMetrics
 from env_server.rendering import RenderingContext
-from tito.types import Message, StepResult, StepStatus, StepTiming, ToolCall, ToolResult, call_id
+from tito.types import Message, StepRequest, StepResult, StepStatus, StepTiming, ToolCall, ToolResult, call_id
 
 log = logging.getLogger(__name__)
 
@@ -32,18 +31,6 @@ log = logging.getLogger(__name__)
 # budget: render it in a thread so the event loop keeps serving other sessions.
 _OFFLOAD_RENDER_CHARS = 32 * 1024
 _NOT_RUN_AFTER_LOSS = ToolResult.error("not run, because the sandbox was lost by an earlier call.")
-
-
-@dataclass(frozen=True)
-class AssistantTurn:
-    """One assistant turn as a Step delivers it: generated ids, or tool calls the client parsed."""
-
-    seq: int
-    completion_ids: tuple[int, ...] = ()
-    tool_calls: tuple[ToolCall, ...] = ()  # used when completion_ids is empty
-    assistant_content: str = ""  # final text for the reward, with tool_calls
-    max_suffix_tokens: int | None = None  # None: no limit
-    tokenizer_fingerprint: str = ""  # the client's, checked against the session's when given
 
 
 class Episode:
@@ -68,7 +55,7 @@ class Episode:
         latest = self._steps.latest
         return latest is not None and not latest[1].done()
 
-    async def step(self, turn: AssistantTurn) -> StepResult:
+    async def step(self, turn: StepRequest) -> StepResult:
         self._check_fingerprint(turn.tokenizer_fingerprint)
         if self._steps.get(turn.seq) is None:
             self._check_order(turn.seq)
@@ -110,7 +97,7 @@ class Episode:
 
     # ------------------------------------------------------------ one turn
 
-    async def _run_guarded(self, turn: AssistantTurn) -> StepResult:
+    async def _run_guarded(self, turn: StepRequest) -> StepResult:
         try:
             return await self._run_turn(turn)
         except RequestError:
@@ -128,14 +115,20 @@ class Episode:
         finally:
             self.settled_at = time.monotonic()
 
-    async def _run_turn(self, turn: AssistantTurn) -> StepResult:
+    async def _run_turn(self, turn: StepRequest) -> StepResult:
         started = time.perf_counter()
         calls, final_text = self._calls_of(turn)
         parsed_at = time.perf_counter()
         if not calls:
             self.done = True
-            return StepResult(seq=turn.seq, status=StepStatus.EPISODE_END, reward=self.env.reward(final_text),
-                              timing=_timing(started, parsed_at, parsed_at, parsed_at))
+            end = await self.env.end(final_text)
+            ended = time.perf_counter()
+            timing = _timing(started, parsed_at, ended, ended)
+            if end.lost:  # the environment could not score the episode: no reward that is not the model's
+                return StepResult(seq=turn.seq, status=StepStatus.ERROR, timing=timing,
+                                  detail=f"the environment could not end the episode: {end.lost_reason}")
+            return StepResult(seq=turn.seq, status=StepStatus.EPISODE_END, reward=end.reward, detail=end.content,
+                              timing=timing)
 
         results = await self._run_calls(calls)
         tools_done = time.perf_counter()
@@ -156,7 +149,7 @@ class Episode:
         self.done = result.done
         return dataclasses.replace(result, timing=_timing(started, parsed_at, tools_done, time.perf_counter()))
 
-    def _calls_of(self, turn: AssistantTurn) -> tuple[list[ToolCall], str]:
+    def _calls_of(self, turn: StepRequest) -> tuple[list[ToolCall], str]:
         """The turn's tool calls (ids assigned, malformed ones marked) and its final text."""
         if not turn.completion_ids:
             calls = [

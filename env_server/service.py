@@ -14,11 +14,9 @@ from typing import Any, Awaitable, Callable
 
 import grpc
 
-from env_server.engine import Engine, OpenRequest
-from env_server.episode import AssistantTurn
-from env_server.errors import ErrorKind, RequestError, quote
+from env_server.engine import Engine
+from env_server.errors import ErrorKind, RequestError
 from tito import wire
-from tito.types import Role
 from tito.v1 import environment_pb2 as pb
 from tito.v1 import environment_pb2_grpc as pb_grpc
 
@@ -88,45 +86,25 @@ class EnvironmentService(pb_grpc.EnvironmentServicer):
 
     @_rpc("register_tokenizer", size_checked=False)  # capped by max_tokenizer_bytes in the registry
     async def RegisterTokenizer(self, request: pb.RegisterTokenizerRequest) -> pb.RegisterTokenizerResponse:
-        reg = await self.engine.register_tokenizer(dict(request.files), request.chat_template_kwargs_json)
-        return pb.RegisterTokenizerResponse(fingerprint=reg.fingerprint, template_family=reg.template_family,
-                                            stop_token_ids=reg.stop_token_ids, renderer_version=reg.renderer_version)
+        registration = await self.engine.register_tokenizer(_read(wire.register_request_from_pb, request))
+        return wire.registration_to_pb(registration)
 
     @_rpc("open_session")
     async def OpenSession(self, request: pb.OpenSessionRequest) -> pb.OpenSessionResponse:
-        opened = await self.engine.open_session(OpenRequest(
-            environment=request.environment,
-            tokenizer_fingerprint=request.tokenizer_fingerprint,
-            messages=tuple(_message(m, i) for i, m in enumerate(request.messages)),
-            env_args_json=request.env_args,
-            client_request_id=request.client_request_id,
-        ))
-        return pb.OpenSessionResponse(
-            session_id=opened.session_id, prompt_ids=opened.prompt_ids,
-            tools=[wire.tool_spec_to_pb(t) for t in opened.tools],
-            idle_ttl_s=opened.idle_ttl_s, hard_ttl_s=opened.hard_ttl_s,
-        )
+        return wire.opened_session_to_pb(await self.engine.open_session(_read(wire.open_request_from_pb, request)))
 
     @_rpc("step")
     async def Step(self, request: pb.StepRequest) -> pb.StepResponse:
-        turn = AssistantTurn(
-            seq=request.seq,
-            completion_ids=tuple(request.completion_ids),
-            tool_calls=tuple(wire.tool_call_from_pb(c) for c in request.tool_calls),
-            assistant_content=request.assistant_content,
-            max_suffix_tokens=request.max_suffix_tokens if request.HasField("max_suffix_tokens") else None,
-            tokenizer_fingerprint=request.tokenizer_fingerprint,
-        )
-        return wire.step_result_to_pb(await self.engine.step(request.session_id, turn))
+        return wire.step_result_to_pb(await self.engine.step(wire.step_request_from_pb(request)))
 
     @_rpc("close_session")
     async def CloseSession(self, request: pb.CloseSessionRequest) -> pb.CloseSessionResponse:
         return pb.CloseSessionResponse(closed=await self.engine.close_session(request.session_id))
 
 
-def _message(m: pb.Message, index: int):
+def _read(convert: Callable[[Any], Any], request: Any) -> Any:
+    """The request in tito's types; what the client got wrong is INVALID_ARGUMENT with the reason."""
     try:
-        return wire.message_from_pb(m)
-    except ValueError:
-        roles = ", ".join(r.value for r in Role)
-        raise RequestError(ErrorKind.INVALID_ARGUMENT, f"messages[{index}].role is {quote(m.role)}; use one of {roles}") from None
+        return convert(request)
+    except ValueError as e:
+        raise RequestError(ErrorKind.INVALID_ARGUMENT, str(e)) from None

@@ -1,13 +1,17 @@
 """The typed vocabulary of one tool call, from the trainer through the proto to the sandbox and back.
 
-The server's step engine, the gRPC adapter, the client and the trainer all speak these types;
-`tito.wire` is the only place that converts them to and from the generated protobuf classes.
-Stdlib only, so a client can import it without the server's dependencies.
+Requests (`RegisterTokenizerRequest`, `OpenSessionRequest`, `StepRequest`) and answers
+(`TokenizerRegistration`, `OpenedSession`, `StepResult`) alike: the server's engine, the gRPC
+adapter, the clients, the trainer and the renderer all speak these types; `tito.wire` is the only
+place that converts them to and from the generated protobuf classes. Stdlib only, so a client can
+import it without the server's dependencies.
 """
 
 from __future__ import annotations
 
 import enum
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,8 +139,6 @@ class Message:
 
 
 def _tool_call_from_openai(c: dict[str, Any]) -> ToolCall:
-    import json
-
     fn = c.get("function", c)
     args = fn.get("arguments", "{}")
     return ToolCall(id=c.get("id", ""), name=fn.get("name", ""),
@@ -163,7 +165,9 @@ class StepResult:
     suffix_ids: tuple[int, ...] = ()
     reward: float | None = None
     truncated: bool = False  # some tool output was cut (while produced, or to fit the budget)
-    detail: str = ""  # why, for statuses other than OK and EPISODE_END
+    # Why, for statuses other than OK; with EPISODE_END, what the environment said of the end (for
+    # the rollout's record, never shown to the model).
+    detail: str = ""
     timing: StepTiming = field(default_factory=StepTiming)
 
     @property
@@ -208,3 +212,44 @@ class TokenizerRegistration:
     stop_token_ids: tuple[int, ...]
     template_family: str
     renderer_version: str
+
+
+# ------------------------------------------------------------------------------------ requests
+
+
+@dataclass(frozen=True)
+class RegisterTokenizerRequest:
+    files: Mapping[str, bytes]  # file name -> bytes (tokenizer.json, tokenizer_config.json, chat template)
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OpenSessionRequest:
+    environment: str
+    tokenizer_fingerprint: str = ""  # empty: no ids are rendered (the client steps with parsed tool calls)
+    messages: tuple[Message, ...] = ()
+    env_args_json: str = ""  # a JSON object, validated by the environment (empty: none)
+    client_request_id: str = ""  # idempotency key: a retried OpenSession returns the same session
+
+    @classmethod
+    def build(cls, environment: str, messages: Any = (), *, fingerprint: str = "",
+              env_args: Mapping[str, Any] | None = None, client_request_id: str = "") -> OpenSessionRequest:
+        """From OpenAI-style dicts or Messages and an env_args mapping."""
+        return cls(environment=environment, tokenizer_fingerprint=fingerprint,
+                   messages=tuple(Message.coerce(m) for m in messages),
+                   env_args_json=json.dumps(dict(env_args)) if env_args else "",
+                   client_request_id=client_request_id)
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One assistant turn of a session: the generated ids (stop token included), or tool calls the
+    client parsed itself (with `assistant_content`, the turn's text, for the reward)."""
+
+    session_id: str
+    seq: int  # 1 for the first turn, one more per turn; repeating the last seq replays its answer
+    completion_ids: tuple[int, ...] = ()
+    tool_calls: tuple[ToolCall, ...] = ()  # used when completion_ids is empty
+    assistant_content: str = ""
+    max_suffix_tokens: int | None = None  # None: no limit; 0 is a real budget of zero
+    tokenizer_fingerprint: str = ""  # checked against the session's when given

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.config import ConfigError, TrainConfig, load_config
 from tito.client import TitoError
+from trainer.config import ConfigError, TrainConfig, load_config
 
 
 async def train_from_config(cfg: TrainConfig) -> list[dict]:

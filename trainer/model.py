@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from trainer.state import Rollout
+from tito.rollout.state import Rollout
 
 log = logging.getLogger(__name__)
 

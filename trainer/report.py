@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
+from tito.rollout.state import Rollout, Status, TruncationCause
 from trainer.config import TrainConfig
 from trainer.rollout import BatchStats
-from trainer.state import Rollout, Status, TruncationCause
 
 
 def start_outputs(cfg: TrainConfig, main: bool = True) -> Path:

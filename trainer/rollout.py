@@ -1,23 +1,25 @@
-"""The rollout loop: generate, Step the environment, append its suffix ids verbatim, repeat.
+"""The trainer's rollout loop: many rollouts as asyncio tasks, their generations batched, retries.
 
-Many rollouts run as asyncio tasks. Generation requests from all rollouts waiting at a turn are
-batched by `GenerationScheduler` (the backend runs off the event loop), so one rollout's tool
-execution overlaps others' generation. A failed env call aborts only its own rollout.
+Each rollout is `tito.rollout.turns`' loop (generate, Step the session, append its suffix ids
+verbatim, repeat; the turn rule decides every outcome). Generation requests from all rollouts
+waiting at a turn are batched by `GenerationScheduler` (the backend runs off the event loop), so
+one rollout's tool execution overlaps others' generation. A failed call aborts only its own
+rollout, which is retried from a clean state and dropped after `retries`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tito.types import Message, StepStatus
-from trainer.backends.base import FinishReason, GenerationBackend, GenRequest, GenResult, RolloutKey
+from tito.client import AsyncSession, EnvironmentClient
+from tito.rollout import turns
+from tito.rollout.generation import GenerationBackend, GenRequest, GenResult, RolloutKey
+from tito.rollout.state import AbortCause, Rollout, Status
+from tito.types import Message
 from trainer.config import TrainConfig
-from trainer.env_client import EnvClient
-from trainer.state import Rollout, Status, TruncationCause
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +34,13 @@ class RolloutLimits:
     retries: int = 1  # extra attempts for an aborted rollout before it is dropped
 
     def __post_init__(self) -> None:
-        if self.budget < 2 or self.per_turn_cap < 1 or self.reserve < 0 or self.max_turns < 1:
+        if self.budget < 2:
             raise ValueError(f"invalid rollout limits: {self}")
+        self.turns  # the turn limits check themselves
+
+    @property
+    def turns(self) -> turns.TurnLimits:
+        return turns.TurnLimits(per_turn_cap=self.per_turn_cap, reserve=self.reserve, max_turns=self.max_turns)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig) -> RolloutLimits:
@@ -134,108 +141,69 @@ class GenerationScheduler:
 
 
 class RolloutRunner:
-    def __init__(self, limits: RolloutLimits, scheduler: GenerationScheduler,
-                 env: EnvClient | None, environment: str, stop_token_ids: list[int],
-                 close_timeout_s: float = 30.0) -> None:
+    def __init__(self, limits: RolloutLimits, scheduler: GenerationScheduler, env: EnvironmentClient | None,
+                 environment: str, fingerprint: str, stop_token_ids: list[int], close_timeout_s: float = 30.0) -> None:
         self.limits = limits
+        self.turn_limits = limits.turns
         self.scheduler = scheduler
         self.env = env
         self.environment = environment
+        self.fingerprint = fingerprint
         self.stop_token_ids = tuple(stop_token_ids)
         self.close_timeout_s = close_timeout_s
 
     async def run_one(self, spec: RolloutSpec, key: RolloutKey) -> Rollout:
         """One attempt, from a clean state. Never raises for env or backend failures."""
         r = Rollout(budget=self.limits.budget, group=spec.group, attempt=key.attempt, meta=dict(spec.meta))
+        session: AsyncSession | None = None
         self.scheduler.register()
         try:
-            await self._episode(r, spec, key)
+            opened: list[int] | Exception = spec.prompt_ids or []
+            if self.env is not None:
+                try:
+                    session = await self.env.open_session(self.environment, spec.messages,
+                                                          fingerprint=self.fingerprint, env_args=spec.env_args)
+                    r.session_id, opened = session.id, list(session.prompt_ids)
+                except Exception as e:  # noqa: BLE001 - the rule aborts this rollout with the reason
+                    opened = e
+            if turns.start(r, opened):
+                await self._turns(r, session, key)
         except asyncio.CancelledError:
-            r.abort("cancelled")
+            r.abort(AbortCause.CANCELLED)
             raise
-        except Exception as e:
-            # Env errors, backend errors, invariant violations: this rollout only.
-            log.warning("rollout %s aborted: %s: %s", key, type(e).__name__, e)
-            r.abort(f"{type(e).__name__}: {e}")
+        except Exception as e:  # a bug: loud in the log, but it costs this rollout only
+            log.exception("rollout %s failed", key)
+            r.abort(AbortCause.INTERNAL_ERROR, f"{type(e).__name__}: {e}")
         finally:
             self.scheduler.unregister()
-            if r.session_id is not None and self.env is not None:
+            if r.abort_reason:
+                log.warning("rollout %s aborted: %s", key, r.abort_reason)
+            if session is not None:
                 try:
-                    await asyncio.wait_for(self.env.close_session(r.session_id), self.close_timeout_s)
+                    await asyncio.wait_for(session.close(), self.close_timeout_s)
                 except Exception as e:  # the server's idle TTL reclaims it anyway
-                    log.warning("CloseSession(%s) failed: %s", r.session_id, e)
+                    log.warning("CloseSession(%s) failed: %s", session.id, e)
         return r
 
-    async def _episode(self, r: Rollout, spec: RolloutSpec, key: RolloutKey) -> None:
-        lim = self.limits
-        if self.env is None:
-            if not spec.prompt_ids:
-                raise ValueError("a task without an environment must supply prompt_ids")
-            prompt = list(spec.prompt_ids)
-        else:
-            opened = await self.env.open_session(self.environment, spec.messages, spec.env_args)
-            r.session_id = opened.session_id
-            prompt = opened.prompt_ids
-        r.start(prompt)
-        for turn in range(lim.max_turns):
-            max_new = min(lim.per_turn_cap, r.remaining)
-            if max_new < 1:
-                r.truncate(TruncationCause.LENGTH)
+    async def _turns(self, r: Rollout, session: AsyncSession | None, key: RolloutKey) -> None:
+        """The turn rule's loop: generate, Step, until the rule ends the rollout."""
+        lim = self.turn_limits
+        while (max_new := turns.next_turn(r, lim)) is not None:
+            try:
+                res = await self.scheduler.submit(GenRequest(
+                    prompt_ids=list(r.ids), max_new=max_new, stop_token_ids=self.stop_token_ids,
+                    temperature=self.limits.temperature, key=key, turn=len(r.turns)))
+            except Exception as e:  # the backend failed this batch: these rollouts abort, the rest go on
+                res = GenResult.failed(f"{type(e).__name__}: {e}")
+            if not turns.after_generation(r, res, max_new, stepping=session is not None):
                 return
-            res = await self.scheduler.submit(GenRequest(
-                prompt_ids=list(r.ids), max_new=max_new, stop_token_ids=self.stop_token_ids,
-                temperature=lim.temperature, key=key, turn=turn,
-            ))
-            if res.logprobs is None or len(res.logprobs) != len(res.ids):
-                got = "none" if res.logprobs is None else len(res.logprobs)
-                r.abort(f"backend returned {got} logprobs for {len(res.ids)} tokens")
+            assert session is not None
+            try:
+                answer: Any = await session.step(res.ids, max_suffix_tokens=turns.suffix_budget(r, lim))
+            except Exception as e:  # noqa: BLE001 - the rule aborts this rollout with the reason
+                answer = e
+            if not turns.after_step(r, answer, lim):
                 return
-            if not all(math.isfinite(x) for x in res.logprobs):
-                r.abort("backend returned non-finite logprobs")
-                return
-            if not res.ids:
-                r.abort("backend generated no tokens")
-                return
-            rec = r.append_generated(res.ids, res.logprobs, res.finish_reason, max_new)
-            if res.finish_reason is FinishReason.LENGTH:
-                # Cut mid-turn: a half-written tool call must not run.
-                r.truncate(TruncationCause.LENGTH)
-                return
-            if self.env is None:
-                r.complete()
-                return
-            max_suffix = r.remaining - lim.reserve
-            # No room is a real budget of zero, never "no limit" (None).
-            step = await self.env.step(r.session_id, turn + 1, res.ids, max(0, max_suffix))
-            rec.step_status = step.status
-            rec.tool_calls = len(step.tool_calls)
-            rec.tool_truncated = step.truncated
-            rec.tools_ms = step.timing.tools_ms
-            # The status is the one authority: OK goes on, every other status ends the rollout.
-            match step.status:
-                case StepStatus.OK if len(step.suffix_ids) > max_suffix:
-                    # More than the budget (a server that reads 0 as "no limit" sends it all):
-                    # the trainer enforces the budget itself.
-                    r.truncate(TruncationCause.TOOL_OVERFLOW)
-                    return
-                case StepStatus.OK if turn == lim.max_turns - 1:
-                    # Last allowed turn: the episode goes on, but we stop here (suffix not appended).
-                    r.truncate(TruncationCause.MAX_TURNS)
-                    return
-                case StepStatus.OK:
-                    r.append_env(step.suffix_ids)
-                case StepStatus.EPISODE_END:
-                    r.complete(step.reward)
-                    return
-                case StepStatus.SUFFIX_OVERFLOW:
-                    r.truncate(TruncationCause.TOOL_OVERFLOW)
-                    return
-                case StepStatus.SANDBOX_LOST:
-                    r.abort(f"sandbox lost: {step.detail or 'no detail'}")
-                    return
-                case _:  # ERROR (or UNSPECIFIED): the session is over mid-episode
-                    r.abort(f"Step {step.status.name}: {step.detail or 'no detail'}")
-                    return
 
     async def run_with_retries(self, spec: RolloutSpec, index: int, stats: BatchStats) -> Rollout | None:
         """Retry aborted rollouts from scratch (a new Rollout, a new session); None if dropped."""
@@ -259,12 +227,13 @@ class RolloutRunner:
         return [r for r in results if r is not None], stats
 
 
-async def run_rollouts(specs: list[RolloutSpec], backend: GenerationBackend, env: EnvClient | None,
-                       environment: str, limits: RolloutLimits, stop_token_ids: list[int], *,
+async def run_rollouts(specs: list[RolloutSpec], backend: GenerationBackend, env: EnvironmentClient | None,
+                       environment: str, fingerprint: str, limits: RolloutLimits, stop_token_ids: list[int], *,
                        gen_batch_wait_s: float) -> tuple[list[Rollout], BatchStats]:
     """`RolloutRunner.run_batch` with a generation scheduler of its own, closed afterwards."""
     scheduler = GenerationScheduler(backend, max_wait_s=gen_batch_wait_s)
     try:
-        return await RolloutRunner(limits, scheduler, env, environment, stop_token_ids).run_batch(specs)
+        return await RolloutRunner(limits, scheduler, env, environment, fingerprint,
+                                   stop_token_ids).run_batch(specs)
     finally:
         await scheduler.close()

@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from tito.client import TlsOptions
+from tito.client import AsyncReplicaClient, AsyncTitoClient, EnvironmentClient, TlsOptions
+from tito.rollout.generation import GenerationBackend
+from tito.types import TokenizerRegistration
 from trainer import distributed
-from trainer.backends.base import GenerationBackend
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
-from trainer.env_client import EnvClient, TitoEnv
 from trainer.model import load_model
 from trainer.tasks import Decode, Encode, Task, make_task
 
@@ -38,13 +38,18 @@ class Run:
     model: Any  # the policy being trained (a transformers causal LM)
     backend: GenerationBackend
     task: Task
-    env: EnvClient | None  # None for tasks without an environment
+    env: EnvironmentClient | None  # None for tasks without an environment
     stop_token_ids: list[int]
     pad_id: int  # a valid embedding row; pads are never attended to or trained on
     device: torch.device | None = None  # default: the model's
     decode: Decode | None = None  # ids -> text, only to score tasks the env does not score
     encode_teacher_text: Encode | None = None  # warm-start demonstrations only
     dist: Dist = field(default_factory=Dist)  # this process's rank (a single process by default)
+    registration: TokenizerRegistration | None = None  # the tokenizer the env renders with (with env)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.registration.fingerprint if self.registration else ""
 
     def __post_init__(self) -> None:
         if self.device is None:
@@ -117,21 +122,27 @@ def make_backend(cfg: TrainConfig, model, tok: TokenizerInfo, rank: int = 0) -> 
     return VllmBackend.from_training_model(model, cfg, seed=cfg.seed + rank)
 
 
-async def connect_env(cfg: TrainConfig, tok: TokenizerInfo) -> TitoEnv:
-    """Connect, check the environment exists, register the tokenizer (the client checks the fingerprint)."""
+async def connect_env(cfg: TrainConfig, tok: TokenizerInfo) -> tuple[EnvironmentClient, TokenizerRegistration]:
+    """Connect (several addresses, or `env.replicas`: an `AsyncReplicaClient`), wait for SERVING, check
+    the environment exists, register the tokenizer (the client checks the fingerprint)."""
     e = cfg.env
     addresses = [a.strip() for a in e.address.split(",") if a.strip()]
     tls = (TlsOptions(ca_file=e.tls_ca_file, cert_file=e.tls_cert_file, key_file=e.tls_key_file)
            if e.tls_ca_file or e.tls_cert_file else None)
     token = Path(e.token_file).read_text().strip() if e.token_file else os.environ.get("TITO_TOKEN") or None
-    env = await TitoEnv.connect(addresses if e.replicas or len(addresses) > 1 else addresses[0], tok.files,
-                                environment=e.environment, chat_template_kwargs=cfg.tokenizer.chat_template_kwargs,
-                                ready_timeout_s=e.ready_timeout_s, deadline_s=e.rpc_timeout_s,
-                                retries=e.rpc_retries, tls=tls, token=token)
-    reg = env.registration
+    options: dict[str, Any] = dict(deadline_s=e.rpc_timeout_s, retries=e.rpc_retries, tls=tls, token=token)
+    client: EnvironmentClient = (AsyncReplicaClient(addresses, **options) if e.replicas or len(addresses) > 1
+                                 else AsyncTitoClient(addresses[0], **options))
+    try:
+        await client.wait_ready(e.ready_timeout_s)
+        await client.environment(e.environment)
+        reg = await client.register_tokenizer(tok.files, cfg.tokenizer.chat_template_kwargs)
+    except BaseException:
+        await client.close()
+        raise
     log.info("registered tokenizer %s (family %s, stop ids %s)", reg.fingerprint[:12],
              reg.template_family, list(reg.stop_token_ids))
-    return env
+    return client, reg
 
 
 @asynccontextmanager
@@ -163,15 +174,16 @@ async def _open_run(cfg: TrainConfig, dist: Dist) -> AsyncIterator[Run]:
     if task.uses_env and vocab < tok.vocab_size:
         raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer ({tok.vocab_size}): "
                          "the env would render ids the model cannot embed")
-    env = None
+    env, registration = None, None
     stop_ids = tok.eos_ids
     if task.uses_env:
-        env = await connect_env(cfg, tok)
-        stop_ids = env.stop_token_ids
+        env, registration = await connect_env(cfg, tok)
+        stop_ids = list(registration.stop_token_ids)
     try:
         yield Run(model=model, backend=make_backend(cfg, model, tok, dist.rank), task=task, env=env,
                   stop_token_ids=stop_ids, pad_id=tok.pad_id if tok.pad_id < vocab else 0,
-                  device=device, decode=tok.decode, encode_teacher_text=tok.encode_teacher_text, dist=dist)
+                  device=device, decode=tok.decode, encode_teacher_text=tok.encode_teacher_text, dist=dist,
+                  registration=registration)
     finally:
         if env is not None:
             await env.close()

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from tito.answers import answer_matches
+from tito.rollout.state import Rollout, Status
 from tito.types import Message, Role
 from trainer.rollout import RolloutSpec
-from trainer.state import Rollout, Status
 
 Decode = Callable[[list[int]], str]
 Encode = Callable[[str], list[int]]

@@ -56,8 +56,8 @@ async def train(run: Run, cfg: TrainConfig) -> list[dict[str, Any]]:
             specs = [s for s in prompts for _ in range(cfg.num_generations)]
             backend = StepSeeds(run.backend, seed=cfg.seed, step=step, specs=specs) \
                 if cfg.seed_per_request else run.backend
-            rollouts, stats = await run_rollouts(specs, backend, run.env, cfg.env.environment, limits,
-                                                 run.stop_token_ids, gen_batch_wait_s=cfg.gen_batch_wait_s)
+            rollouts, stats = await run_rollouts(specs, backend, run.env, cfg.env.environment, run.fingerprint,
+                                                 limits, run.stop_token_ids, gen_batch_wait_s=cfg.gen_batch_wait_s)
             # 2. rewards
             for r in rollouts:
                 r.reward = float(run.task.reward(r, run.decode))

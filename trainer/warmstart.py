@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tito.client import EnvironmentClient, RecordingClient
+from tito.rollout.generation import GenRequest
+from tito.rollout.state import Rollout, Status, TruncationCause
 from trainer import report
-from trainer.backends.base import GenRequest
 from trainer.backends.scripted import ScriptedBackend
 from trainer.config import TrainConfig, WarmStartConfig
-from trainer.env_client import EnvClient, RecordingEnvClient
 from trainer.model import collate, target_logprobs
 from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
-from trainer.state import Rollout, Status, TruncationCause
 from trainer.tasks import Encode, TeacherTask, answers_from_head
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ async def run_warm_start(run: Run, cfg: TrainConfig, limits: RolloutLimits, out:
         raise WarmStartError("the warm start needs the tokenizer to encode teacher text")
     t0 = time.perf_counter()
     demos, records = await build_demonstrations(
-        task.demo_specs(), task, run.encode_teacher_text, run.env, cfg.env.environment, limits,
+        task.demo_specs(), task, run.encode_teacher_text, run.env, cfg.env.environment, run.fingerprint, limits,
         run.stop_token_ids, model=run.model)
     (out / "demonstrations.jsonl").write_text("")
     report.append_jsonl(out / "demonstrations.jsonl", records)
@@ -75,8 +75,8 @@ async def run_warm_start(run: Run, cfg: TrainConfig, limits: RolloutLimits, out:
 
 
 async def build_demonstrations(
-    specs: list[RolloutSpec], teacher: TeacherTask, encode: Encode, env: EnvClient, environment: str,
-    limits: RolloutLimits, stop_token_ids: list[int], model=None,
+    specs: list[RolloutSpec], teacher: TeacherTask, encode: Encode, env: EnvironmentClient, environment: str,
+    fingerprint: str, limits: RolloutLimits, stop_token_ids: list[int], model=None,
 ) -> tuple[list[Rollout], list[dict[str, Any]]]:
     """Run the teacher over `specs` through the env; returns (demonstrations, a record of each).
 
@@ -84,7 +84,7 @@ async def build_demonstrations(
     With `model`, each demonstration's logprobs are the model's teacher-forced logprobs (for
     inspection; SFT does not use them), else -1.0.
     """
-    recorder = RecordingEnvClient(env)
+    recorder = RecordingClient(env)
     texts: dict[tuple[int, int], str] = {}
 
     def script(req: GenRequest) -> list[int]:
@@ -93,7 +93,7 @@ async def build_demonstrations(
         return encode(text)
 
     rollouts, stats = await run_rollouts(specs, ScriptedBackend(script, model=model), recorder, environment,
-                                         limits, stop_token_ids, gen_batch_wait_s=0.01)
+                                         fingerprint, limits, stop_token_ids, gen_batch_wait_s=0.01)
     if stats.dropped:
         raise WarmStartError(f"{stats.dropped} demonstration(s) failed: "
                              f"{sorted(set(stats.abort_reasons))[:3]}")
@@ -104,7 +104,7 @@ async def build_demonstrations(
         steps = recorder.steps.get(r.session_id, [])
         records.append({
             "demo": i, "meta": r.meta, "teacher_turns": turns,
-            "tool_messages": [m.content for s in steps for m in s.tool_messages],
+            "tool_messages": [m.content for s in steps for m in s.result.tool_messages],
             "env_reward": r.env_reward, **r.summary(),
         })
         why = None

@@ -5,6 +5,12 @@ An environment is a class with tools. A tool is an async method decorated with
 `ToolResult` (`tito.types`). The model's JSON Schema is what ListEnvironments reports and what
 the arguments the model wrote are validated against.
 
+`ToolResult` is the one thing an environment returns: from a tool (`done=True, reward=...` ends the
+episode there) and from `end(final_text)`, called when the model answers without calling a tool
+(its `reward` is the episode's; a `lost_reason` says the environment could not score it, so the
+trainer drops the sample instead of training on a reward that is not the model's).
+`env_server.testing` runs an environment's episode in-process, for tests and notebooks.
+
     class Calculator(Environment):
         name = "calculator"
         description = "Adds numbers."
@@ -128,9 +134,11 @@ class Environment:
     async def close(self) -> None:
         """Called once when the session ends. The server destroys the sandbox itself."""
 
-    def reward(self, final_text: str) -> float | None:
-        """Reward for the episode, given the final assistant text (no tool call). None: no reward."""
-        return None
+    async def end(self, final_text: str) -> ToolResult:
+        """The episode's end: the model answered `final_text` without calling a tool. Return its
+        reward (`ToolResult(content=..., done=True, reward=...)`; None: no reward), or a `lost_reason`
+        when the environment itself failed to score it. The default gives no reward."""
+        return ToolResult(content="", done=True)
 
     # -- introspection ---------------------------------------------------
 

@@ -41,11 +41,12 @@ class PythonEnvironment(SandboxedEnvironment):
             lost_reason=result.lost_reason,
         )
 
-    def reward(self, final_text: str) -> float | None:
+    async def end(self, final_text: str) -> ToolResult:
         expected = self.env_args.expected_answer
         if expected is None:
-            return None
-        return 1.0 if answer_matches(final_text, expected) else 0.0
+            return ToolResult(content="", done=True)
+        right = answer_matches(final_text, expected)
+        return ToolResult(content="correct" if right else "wrong", done=True, reward=1.0 if right else 0.0)
 
 
 class ScientificPythonEnvironment(PythonEnvironment):

@@ -7,17 +7,11 @@ import json
 
 import pytest
 
-from tito.client import (
-    AsyncTitoClient,
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    StepStatus,
-    TitoClient,
-)
+from tito.client import (AsyncTitoClient, FailedPreconditionError, InvalidArgumentError, NotFoundError, StepStatus,
+                         TitoClient)
 from tito.fingerprint import RENDERER_VERSION, compute_fingerprint
 from tito.tokenizer_files import tokenizer_files
-from tito.types import ToolCall
+from tito.types import StepRequest, ToolCall
 
 pytestmark = pytest.mark.docker
 
@@ -83,11 +77,11 @@ def test_errors_are_typed_by_status(client, registration):
         client.open_session("python", [{"role": "user", "content": "hi"}], env_args={"bogus": 1})
     with client.open_session("python") as session:
         with pytest.raises(FailedPreconditionError) as e:
-            client.step(session.id, 5, tool_calls=[ToolCall("c", "run_python", '{"code": "1"}')])
+            client.step(StepRequest(session.id, 5, tool_calls=(ToolCall("c", "run_python", '{"code": "1"}'),)))
         assert "expects seq 1" in e.value.details
         assert session.step(tool_calls=[ToolCall("c", "run_python", '{"code": "1"}')]).seq == 1
     with pytest.raises(NotFoundError):
-        client.step(session.id, 2, tool_calls=[ToolCall("c", "run_python", '{"code": "1"}')])
+        client.step(StepRequest(session.id, 2, tool_calls=(ToolCall("c", "run_python", '{"code": "1"}'),)))
 
 
 def test_a_failed_step_does_not_advance_the_seq(client, registration, hf_tokenizer):

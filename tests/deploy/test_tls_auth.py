@@ -233,9 +233,9 @@ def test_the_trainer_reaches_an_mtls_server_with_a_token_file(mtls_server, pki, 
     tok = TokenizerInfo.load(cfg)
 
     async def connect():
-        env = await connect_env(cfg, tok)
-        await env.close()
-        return env.registration
+        client, registration = await connect_env(cfg, tok)
+        await client.close()
+        return registration
 
     reg = asyncio.run(connect())
     assert reg.fingerprint and reg.stop_token_ids

@@ -9,6 +9,7 @@ their logprobs and is what the loss recomputes them with.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,12 +18,12 @@ import pytest
 import torch
 
 from tests.harness import REPO
+from tito.client import AsyncTitoClient, RecordingClient
+from tito.rollout.state import Status, TruncationCause
 from tito.types import StepStatus
 from trainer.backends.scripted import ScriptedBackend
-from trainer.env_client import RecordingEnvClient, TitoEnv
 from trainer.model import build_tiny_qwen3, collate, target_logprobs
 from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
-from trainer.state import Status, TruncationCause
 from trainer.tasks import tool_call_text as call
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -30,17 +31,17 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 MESSAGES = [{"role": "user", "content": "What is 6 * 7? Use run_python."}]
 
 
-class FirstStepToUnknownSession(RecordingEnvClient):
+class FirstStepToUnknownSession(RecordingClient):
     """Sends the first Step to a session the server does not know: the real server answers
     NOT_FOUND, as after a restart. Only that rollout may abort; its retry must start clean."""
 
     sabotaged = False
 
-    async def step(self, session_id, seq, completion_ids, max_suffix_tokens):
+    async def step(self, request):
         if not self.sabotaged:
             self.sabotaged = True
-            return await self.inner.step("no-such-session", seq, completion_ids, max_suffix_tokens)
-        return await super().step(session_id, seq, completion_ids, max_suffix_tokens)
+            return await self.inner.step(dataclasses.replace(request, session_id="no-such-session"))
+        return await super().step(request)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +53,11 @@ async def _connect(server, files):
     from tito.fingerprint import compute_fingerprint
     from tito.tokenizer_files import tokenizer_files
 
-    env = await TitoEnv.connect(server.address, files, ready_timeout_s=60)
-    assert env.registration.fingerprint == compute_fingerprint(tokenizer_files(files))
-    return env, env.registration
+    client = AsyncTitoClient(server.address)
+    await client.wait_ready(60)
+    reg = await client.register_tokenizer(files)
+    assert reg.fingerprint == compute_fingerprint(tokenizer_files(files))
+    return client, reg
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -65,7 +68,7 @@ async def _run(server, files, tokenizer, model, scripts, limits, *, env_args=Non
                n=1):
     client, reg = await _connect(server, files)
     try:
-        rec = (FirstStepToUnknownSession if sabotage else RecordingEnvClient)(client)
+        rec = (FirstStepToUnknownSession if sabotage else RecordingClient)(client)
         turns = {i: [_encode(tokenizer, t) for t in s] for i, s in enumerate(scripts)}
 
         def script(req):
@@ -73,7 +76,7 @@ async def _run(server, files, tokenizer, model, scripts, limits, *, env_args=Non
 
         specs = [RolloutSpec(group=0, messages=MESSAGES, env_args=env_args) for _ in range(n)]
         rollouts, stats = await run_rollouts(specs, ScriptedBackend(script, model=model), rec, "python",
-                                             limits, reg.stop_token_ids, gen_batch_wait_s=0.01)
+                                             reg.fingerprint, limits, reg.stop_token_ids, gen_batch_wait_s=0.01)
         return rollouts, stats, rec, turns, reg
     finally:
         await client.close()
@@ -88,7 +91,7 @@ def test_multi_turn_rollout_ids_are_exact_concatenation(server, tok, model):
     assert stats.aborted_attempts == 0
     (r,) = rollouts
     assert r.status is Status.COMPLETED and r.env_reward == 1.0
-    steps = rec.steps[r.session_id]
+    steps = [s.result for s in rec.steps[r.session_id]]
     assert [s.status for s in steps] == [StepStatus.OK, StepStatus.OK, StepStatus.EPISODE_END]
     assert [t.step_status for t in r.turns] == [s.status for s in steps]
     assert "42" in steps[0].tool_messages[0].content
@@ -126,7 +129,7 @@ def test_suffix_cut_to_budget_then_overflow_truncates(server, tok, model):
                            max_turns=4)
     rollouts, stats, rec, turns, _ = asyncio.run(_run(server, files, tokenizer, model, [script], limits))
     (r,) = rollouts
-    steps = rec.steps[r.session_id]
+    steps = [s.result for s in rec.steps[r.session_id]]
     # Turn 1: the server cut the tool output (head/tail + marker) to fit max_suffix_tokens = k.
     assert steps[0].status is StepStatus.OK and steps[0].truncated
     assert 0 < len(steps[0].suffix_ids) <= k
@@ -153,7 +156,7 @@ def test_env_failure_aborts_one_rollout_and_retry_starts_clean(server, tok, mode
     for r in rollouts:
         assert r.status is Status.COMPLETED
         assert r.ids[: r.prompt_len] == list(rec.prompts[r.session_id])  # a fresh session's prompt
-        assert r.ids == [*rec.prompts[r.session_id], *turns[0][0], *rec.steps[r.session_id][0].suffix_ids,
+        assert r.ids == [*rec.prompts[r.session_id], *turns[0][0], *rec.steps[r.session_id][0].result.suffix_ids,
                          *turns[0][1]]
     assert len(rec.closed) == 4  # the aborted attempt's session was closed too
 
@@ -164,7 +167,7 @@ def test_sandbox_lost_aborts_and_is_dropped_after_retries(server, tok, model):
     limits = RolloutLimits(budget=2048, per_turn_cap=128, reserve=16, max_turns=3, retries=0)
     rollouts, stats, rec, _, _ = asyncio.run(_run(server, files, tokenizer, model, [script], limits))
     assert rollouts == [] and stats.dropped == 1
-    assert "sandbox lost" in stats.abort_reasons[0]
+    assert stats.abort_reasons[0].startswith("sandbox_lost: ")
 
 
 def test_cli_demo_smoke(server, tmp_path):

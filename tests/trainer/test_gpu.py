@@ -13,9 +13,9 @@ import json
 import pytest
 import torch
 
-from trainer.backends.base import GenRequest
+from tito.rollout.generation import GenRequest
+from tito.rollout.state import Rollout
 from trainer.model import build_tiny_qwen3, collate, target_logprobs
-from trainer.state import Rollout
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -29,11 +29,12 @@ def _tool_turn_ids(tokenizer) -> list[int]:
 
 
 def test_cuda_backend_multi_turn_with_tools_logprobs_match(tmp_path):
-    from tests.harness import docker_available, start_server
-    from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
     from tokenizers import Tokenizer
+
+    from tests.harness import docker_available, start_server
+    from tito.client import AsyncTitoClient
+    from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
     from trainer.backends.hf import TransformersBackend
-    from trainer.env_client import TitoEnv
     from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
 
     why = docker_available()
@@ -58,8 +59,8 @@ def test_cuda_backend_multi_turn_with_tools_logprobs_match(tmp_path):
             res = []
             for r in reqs:
                 if r.turn == 0:
+                    from tito.rollout.generation import FinishReason, GenResult
                     from trainer.backends.scripted import teacher_forced_logprobs
-                    from trainer.backends.base import FinishReason, GenResult
                     res.append(GenResult(forced, teacher_forced_logprobs(model, r.prompt_ids, forced),
                                          FinishReason.STOP))
                 else:
@@ -69,13 +70,14 @@ def test_cuda_backend_multi_turn_with_tools_logprobs_match(tmp_path):
     srv = start_server(tmp_path)
     try:
         async def go():
-            client = await TitoEnv.connect(srv.address, files)
-            reg = client.registration
+            client = AsyncTitoClient(srv.address)
+            await client.wait_ready(120)
+            reg = await client.register_tokenizer(files)
             specs = [RolloutSpec(group=0, messages=[{"role": "user", "content": "What is 6*7?"}])
                      for _ in range(4)]
             limits = RolloutLimits(budget=1024, per_turn_cap=32, reserve=16, max_turns=2)
             try:
-                return await run_rollouts(specs, FirstTurnToolCall(), client, "python",
+                return await run_rollouts(specs, FirstTurnToolCall(), client, "python", reg.fingerprint,
                                           limits, reg.stop_token_ids, gen_batch_wait_s=0.02)
             finally:
                 await client.close()

@@ -5,11 +5,11 @@ import asyncio
 import pytest
 import torch
 
-from trainer.backends.base import FinishReason, GenRequest
+from tito.rollout.generation import FinishReason, GenRequest
+from tito.rollout.state import Rollout
 from trainer.backends.hf import TransformersBackend, sample_tokens
 from trainer.backends.scripted import teacher_forced_logprobs
 from trainer.model import build_tiny_qwen3, collate, target_logprobs
-from trainer.state import Rollout
 
 
 @pytest.fixture(scope="module")

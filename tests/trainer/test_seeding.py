@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from trainer.backends.base import GenRequest, RolloutKey
+from tito.rollout.generation import GenRequest, RolloutKey
 from trainer.backends.hf import TransformersBackend
 from trainer.backends.seeding import StepSeeds, derive_seed
 from trainer.model import build_tiny_qwen3

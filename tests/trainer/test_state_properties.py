@@ -7,6 +7,7 @@ Fakes here are in-process stand-ins for the *policy* and (for these property tes
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -15,11 +16,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tests.inprocess_env import InProcessEnv
 from tito.client import TitoError
+from tito.rollout.generation import FinishReason, GenRequest, GenResult
+from tito.rollout.state import AbortCause, Rollout, RolloutStateError, Status, TruncationCause
 from tito.types import OpenedSession, StepResult, StepStatus, ToolCall, call_id
-from trainer.backends.base import FinishReason, GenRequest, GenResult
 from trainer.rollout import BatchStats, GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
-from trainer.state import Rollout, RolloutStateError, Status, TruncationCause
 
 STOP = 7
 
@@ -76,13 +78,15 @@ class World:
     step_after_length_cut: bool = False
 
 
-class FakeEnv:
+class FakeEnv(InProcessEnv):
+    """Plays each attempt's plan (faults included)."""
+
     def __init__(self, world: World) -> None:
         self.w = world
 
-    async def open_session(self, environment, messages, env_args):
+    async def open(self, request):
         await asyncio.sleep(0)
-        key = env_args["spec"]
+        key = json.loads(request.env_args_json)["spec"]
         attempt = self.w.attempts.get(key, 0)
         self.w.attempts[key] = attempt + 1
         plan = self.w.plans[key][attempt]
@@ -97,9 +101,11 @@ class FakeEnv:
         self.w.open_sessions.add(sid)
         return OpenedSession(sid, tuple(prompt), tools=())
 
-    async def step(self, session_id, seq, completion_ids, max_suffix_tokens):
+    async def step(self, request):
         await asyncio.sleep(0)
-        assert max_suffix_tokens is not None and max_suffix_tokens >= 0  # always a budget, never "no limit"
+        session_id, seq, completion_ids = request.session_id, request.seq, request.completion_ids
+        # always a budget, never "no limit"
+        assert request.max_suffix_tokens is not None and request.max_suffix_tokens >= 0
         key, attempt = self.w.session_key[session_id]
         if completion_ids[-1] != STOP:
             self.w.step_after_length_cut = True
@@ -118,6 +124,7 @@ class FakeEnv:
 
     async def close_session(self, session_id):
         self.w.open_sessions.discard(session_id)
+        return True
 
 
 class FakePolicy:
@@ -199,7 +206,7 @@ def test_rollout_loop_keeps_sequences_aligned(budget, cap, reserve, max_turns, r
 
     async def go():
         sched = GenerationScheduler(FakePolicy(world), max_wait_s=0.001)
-        runner = RolloutRunner(lim, sched, FakeEnv(world), "python", [STOP])
+        runner = RolloutRunner(lim, sched, FakeEnv(world), "python", "", [STOP])
         specs = [RolloutSpec(group=0, messages=[{"role": "user", "content": f"spec {i}"}],
                              env_args={"spec": i}) for i in world.plans]
         try:
@@ -261,8 +268,8 @@ def test_retry_starts_clean():
     with pytest.raises(RolloutStateError):
         r.start([3])
     r.append_generated([5], [-1.0], FinishReason.STOP, 4)
-    r.abort("sandbox lost")
+    r.abort(AbortCause.SANDBOX_LOST, "OOM")
     with pytest.raises(RolloutStateError):
         r.append_env([1])
-    assert not r.abort("again")  # stays with the first reason
-    assert r.abort_reason == "sandbox lost"
+    assert not r.abort(AbortCause.CANCELLED, "again")  # stays with the first reason
+    assert r.abort_cause is AbortCause.SANDBOX_LOST and r.abort_reason == "sandbox_lost: OOM"

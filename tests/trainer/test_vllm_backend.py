@@ -7,15 +7,17 @@ so the rollouts' logprobs match the training model only while the weights are re
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 
 import pytest
 import torch
 
+from tests.inprocess_env import InProcessEnv
 from tests.trainer import fake_vllm
+from tito.rollout.generation import FinishReason, GenRequest
 from tito.types import OpenedSession, StepResult, StepStatus
-from trainer.backends.base import FinishReason, GenRequest
 from trainer.backends.seeding import StepSeeds
 from trainer.backends.vllm_backend import VllmBackend, engine_model
 from trainer.config import load_config
@@ -47,28 +49,29 @@ def make_backend(model, *overrides: str) -> VllmBackend:
     return VllmBackend.from_training_model(model, cfg, seed=5)
 
 
-class ToolEnv:
+class ToolEnv(InProcessEnv):
     """Every stopped turn runs a 'tool' (6 suffix ids) until the third, which ends the episode."""
 
     def __init__(self) -> None:
         self.closed = []
 
-    async def open_session(self, environment, messages, env_args):
-        return OpenedSession(f"s{env_args['i']}", tuple(range(10, 20)), tools=())
+    async def open(self, request):
+        return OpenedSession(f"s{json.loads(request.env_args_json)['i']}", tuple(range(10, 20)), tools=())
 
-    async def step(self, session_id, seq, completion_ids, max_suffix_tokens):
-        if seq == 3:
-            return StepResult(seq=seq, status=StepStatus.EPISODE_END, reward=1.0)
-        return StepResult(seq=seq, status=StepStatus.OK, suffix_ids=tuple(range(300, 306)))
+    async def step(self, request):
+        if request.seq == 3:
+            return StepResult(seq=request.seq, status=StepStatus.EPISODE_END, reward=1.0)
+        return StepResult(seq=request.seq, status=StepStatus.OK, suffix_ids=tuple(range(300, 306)))
 
     async def close_session(self, session_id):
         self.closed.append(session_id)
+        return True
 
 
 def rollouts_through(backend, n=4, limits=RolloutLimits(budget=40, per_turn_cap=8, reserve=0, max_turns=4)):
     specs = [RolloutSpec(group=0, env_args={"i": i}) for i in range(n)]
     seeded = StepSeeds(backend, seed=0, step=1, specs=specs)
-    return asyncio.run(run_rollouts(specs, seeded, ToolEnv(), "python", limits, list(STOPS), gen_batch_wait_s=0.01))
+    return asyncio.run(run_rollouts(specs, seeded, ToolEnv(), "python", "", limits, list(STOPS), gen_batch_wait_s=0.01))
 
 
 def assert_logprobs_match(model, rollouts):

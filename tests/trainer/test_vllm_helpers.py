@@ -5,9 +5,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from trainer.backends.base import FinishReason, GenRequest
-from trainer.backends.vllm_helpers import (extract_logprobs, extract_result, launcher_env, sampling_params_kwargs,
-                                           token_prompt, vllm_weight_name, weights_for_vllm)
+from tito.rollout.generation import FinishReason, GenRequest
+from tito.rollout.vllm import (extract_logprobs, extract_result, launcher_env, sampling_params_kwargs, token_prompt,
+                               vllm_weight_name, weights_for_vllm)
 
 
 @dataclass

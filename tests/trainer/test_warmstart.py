@@ -15,13 +15,13 @@ import math
 import pytest
 import torch
 
+from tito.client import AsyncTitoClient, RecordingClient
+from tito.rollout.generation import FinishReason
+from tito.rollout.state import Rollout, Status
 from tito.types import StepStatus
-from trainer.backends.base import FinishReason
 from trainer.config import WarmStartConfig, load_config
-from trainer.env_client import RecordingEnvClient, TitoEnv
 from trainer.model import build_tiny_qwen3, collate
 from trainer.rollout import RolloutLimits
-from trainer.state import Rollout, Status
 from trainer.tasks import ArithmeticTask, PuzzleTask, make_puzzles
 from trainer.warmstart import WarmStartError, build_demonstrations, sft_loss, warm_start
 
@@ -111,12 +111,13 @@ def test_warm_start_config_defaults_off_and_demo_turns_it_on():
 
 # ---------------------------------------------------------------------- real server
 async def _demos(server, files, encode, task, limits, model=None):
-    client = await TitoEnv.connect(server.address, files, ready_timeout_s=60)
-    reg = client.registration
+    client = AsyncTitoClient(server.address)
+    await client.wait_ready(60)
+    reg = await client.register_tokenizer(files)
     try:
-        rec = RecordingEnvClient(client)
+        rec = RecordingClient(client)
         demos, records = await build_demonstrations(task.demo_specs(), task, encode, rec, "python",
-                                                    limits, reg.stop_token_ids, model=model)
+                                                    reg.fingerprint, limits, reg.stop_token_ids, model=model)
         return demos, records, rec, reg
     finally:
         await client.close()
@@ -140,7 +141,7 @@ def test_demonstrations_are_prompt_teacher_suffix_teacher(built):
     assert len(demos) == 4  # one tool demonstration per puzzle, then one head demonstration each
     for d, record, puzzle in zip(demos, records, task.puzzles):
         assert d.status is Status.COMPLETED and d.env_reward == 1.0 and d.tool_calls == 1
-        steps = rec.steps[d.session_id]
+        steps = [s.result for s in rec.steps[d.session_id]]
         assert [s.status for s in steps] == [StepStatus.OK, StepStatus.EPISODE_END]
         # The tool really ran in the sandbox; the answer turn reports what it printed.
         assert steps[0].tool_messages[0].content.strip() == puzzle["answer"]
@@ -163,7 +164,7 @@ def test_head_demonstrations_answer_at_once_and_score_zero(built):
     task, encode, demos, records, rec, _, _ = built
     for d, record, puzzle in zip(demos[2:], records[2:], task.puzzles):
         assert d.status is Status.COMPLETED and d.tool_calls == 0 and d.env_reward == 0.0
-        steps = rec.steps[d.session_id]
+        steps = [s.result for s in rec.steps[d.session_id]]
         assert [s.status for s in steps] == [StepStatus.EPISODE_END]
         turn = encode(f"About {puzzle['estimate']}.<|im_end|>")
         assert d.ids == [*rec.prompts[d.session_id], *turn]

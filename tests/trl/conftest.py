@@ -30,7 +30,7 @@ def example():
 
 @pytest.fixture(scope="module")
 def client(server):
-    """A TitoClient that records what the server answered (tests.trl.helpers.RecordingAsyncClient)."""
+    """A TitoClient that records what the server answered (tito.client.RecordingClient)."""
     c = recording_client(server.address)
     c.wait_ready()
     yield c

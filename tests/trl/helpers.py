@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer
 
 from tests.harness import REPO
-from tito.client import AsyncTitoClient, StepStatus, TitoClient
-from tito.types import StepResult
+from tito.client import RecordingClient, StepStatus, TitoClient
 
 
 def load_example():
@@ -24,48 +22,10 @@ def load_example():
     return module
 
 
-@dataclass
-class StepRecord:
-    completion_ids: list[int]
-    tool_calls: tuple
-    assistant_content: str
-    result: StepResult
-
-
-class RecordingAsyncClient(AsyncTitoClient):
-    """The real client, keeping every session's prompt ids, Steps and close, as the server answered."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.prompts: dict[str, tuple[int, ...]] = {}
-        self.steps: dict[str, list[StepRecord]] = defaultdict(list)
-        self.closed: list[str] = []
-
-    async def open_session(self, environment, messages=(), **kwargs):
-        session = await super().open_session(environment, messages, **kwargs)
-        self.prompts[session.id] = session.prompt_ids
-        return session
-
-    async def step(self, session_id, seq, completion_ids=(), **kwargs):
-        result = await super().step(session_id, seq, completion_ids, **kwargs)
-        self.steps[session_id].append(StepRecord(list(completion_ids), tuple(kwargs.get("tool_calls", ())),
-                                                 kwargs.get("assistant_content", ""), result))
-        return result
-
-    async def close_session(self, session_id):
-        self.closed.append(session_id)
-        return await super().close_session(session_id)
-
-
 def recording_client(address: str) -> TitoClient:
+    """A TitoClient whose calls go through a `RecordingClient` (what was sent, what the server answered)."""
     client = TitoClient(address)
-    plain = client.aio
-
-    async def make() -> RecordingAsyncClient:
-        return RecordingAsyncClient(address)
-
-    client.aio = client.run(make())
-    client.run(plain.close())
+    client.aio = RecordingClient(client.aio, owns_inner=True)
     return client
 
 
@@ -114,8 +74,8 @@ def expected_from_server(client: TitoClient, session_id: str, status: str) -> tu
     steps = rec.steps[session_id]
     ids, mask = [], []
     for i, s in enumerate(steps):
-        ids += s.completion_ids
-        mask += [1] * len(s.completion_ids)
+        ids += s.request.completion_ids
+        mask += [1] * len(s.request.completion_ids)
         stopped_here = i == len(steps) - 1 and status in ("truncated:max_turns", "truncated:tool_overflow")
         if s.result.status is StepStatus.OK and not stopped_here:
             ids += s.result.suffix_ids

@@ -66,11 +66,11 @@ def test_every_tool_call_reached_tito(run, client):
         tool_messages = [m["content"] for m in completion if m["role"] == "tool"]
         assert calls, "the steered model made no tool call: the test would prove nothing"
         # One Step per call TRL parsed, with its name and arguments; then one Step ending the episode.
-        assert [(s.tool_calls[0].name, json.loads(s.tool_calls[0].arguments)) for s in steps[:-1]] == \
+        assert [(s.request.tool_calls[0].name, json.loads(s.request.tool_calls[0].arguments)) for s in steps[:-1]] == \
             [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
         assert tool_messages == [s.result.tool_messages[0].content for s in steps[:-1]]
         final = steps[-1]
-        assert not final.tool_calls and final.assistant_content == completion[-1]["content"]
+        assert not final.request.tool_calls and final.request.assistant_content == completion[-1]["content"]
         assert final.result.status is StepStatus.EPISODE_END and final.result.reward == 1.0
     logged = [h for h in trainer.state.log_history if "reward" in h][0]
     assert logged["rewards/tito_reward/mean"] == 1.0 and logged["tools/call_frequency"] == 1.0

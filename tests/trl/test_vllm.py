@@ -18,9 +18,9 @@ from datasets import Dataset
 
 from tests.trl import fake_vllm
 from tests.trl.helpers import CapturingGRPOTrainer, Row, assert_logprobs, assert_token_exact, grpo_config
+from tito.rollout.generation import FinishReason
 from tito.trl import TitoRollout
 from tito.trl.generation import cut_turn
-from trainer.backends.base import FinishReason
 from trainer.model import build_tiny_qwen3
 
 STEERED = {"prompt": [{"role": "user", "content": "What is 23 * 45?"}], "answer": "1035", "code": "print(23 * 45)"}

@@ -6,25 +6,20 @@
         with client.open_session("python", messages, fingerprint=reg.fingerprint) as session:
             result = session.step(completion_ids)
 
-`AsyncTitoClient` has the same methods as coroutines. Results are `tito.types`; errors are
-`TitoError` subclasses named after their gRPC status. Over TLS and with a bearer token:
+`AsyncTitoClient` has the same methods as coroutines. Every client shape (one server, several
+replicas, the recorder) implements one protocol, `EnvironmentClient`; sessions keep the seq.
+Results are `tito.types`; errors are `TitoError` subclasses named after their gRPC status. Over TLS and with a bearer token:
 `TitoClient(address, tls=TlsOptions(ca_file=...), token=...)`. Several replicas: `ReplicaClient`
 (`AsyncReplicaClient`), see `docs/scaling.md`.
 """
 
-from tito.client.aio import AsyncSession, AsyncTitoClient
+from tito.client.aio import AsyncTitoClient
 from tito.client.connection import TlsOptions
-from tito.client.errors import (
-    FailedPreconditionError,
-    InvalidArgumentError,
-    NotFoundError,
-    NotServingError,
-    PermissionDeniedError,
-    ResourceExhaustedError,
-    TitoError,
-    UnauthenticatedError,
-    UnavailableError,
-)
+from tito.client.errors import (FailedPreconditionError, InvalidArgumentError, NotFoundError, NotServingError,
+                                PermissionDeniedError, ResourceExhaustedError, TitoError, UnauthenticatedError,
+                                UnavailableError)
+from tito.client.protocol import AsyncSession, EnvironmentClient
+from tito.client.recording import RecordingClient
 from tito.client.replicas import AsyncReplicaClient, ReplicaStatus
 from tito.client.sync import ReplicaClient, Session, TitoClient
 from tito.types import StepResult, StepStatus
@@ -33,11 +28,13 @@ __all__ = [
     "AsyncReplicaClient",
     "AsyncSession",
     "AsyncTitoClient",
+    "EnvironmentClient",
     "FailedPreconditionError",
     "InvalidArgumentError",
     "NotFoundError",
     "NotServingError",
     "PermissionDeniedError",
+    "RecordingClient",
     "ReplicaClient",
     "ReplicaStatus",
     "ResourceExhaustedError",

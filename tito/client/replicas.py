@@ -1,4 +1,4 @@
-"""One client for several env-server replicas: the `AsyncTitoClient` API over a set of servers.
+"""One client for several env-server replicas: an `EnvironmentClient` over a set of servers.
 
     async with AsyncReplicaClient(["10.0.0.5:50051", "10.0.0.6:50051"], tls=..., token=...) as client:
     async with AsyncReplicaClient("tito-env.tito.svc.cluster.local:50051") as client:   # headless service
@@ -29,18 +29,19 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tito.client.aio import AsyncSession, AsyncTitoClient
+from tito.client.aio import AsyncTitoClient
 from tito.client.connection import TlsOptions
 from tito.client.errors import NotFoundError, NotServingError, ResourceExhaustedError, UnavailableError
-from tito.tokenizer_files import tokenizer_files
-from tito.types import EnvironmentInfo, Message, StepResult, StepStatus, TokenizerRegistration, ToolCall
+from tito.client.protocol import EnvironmentClient
+from tito.types import (EnvironmentInfo, OpenedSession, OpenSessionRequest, RegisterTokenizerRequest, StepRequest,
+                        StepResult, StepStatus, TokenizerRegistration)
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +90,8 @@ def _is_ip(host: str) -> bool:
         return False
 
 
-class AsyncReplicaClient:
-    """`AsyncTitoClient`'s methods over several replicas (see the module's docstring)."""
+class AsyncReplicaClient(EnvironmentClient):
+    """The client protocol over several replicas (see the module's docstring)."""
 
     def __init__(self, addresses: str | Sequence[str], *, health_interval_s: float = 1.0,
                  resolve_interval_s: float = 30.0, health_timeout_s: float = 2.0, slow_checks: int = 3, tls: TlsOptions | None = None,
@@ -110,7 +111,7 @@ class AsyncReplicaClient:
         self.replicas: dict[str, Replica] = {}
         self._routes: dict[str, Replica] = {}  # session id -> the replica that opened it
         self._lost: dict[str, str] = {}  # session id -> why, for the sessions of lost replicas
-        self._tokenizers: dict[str, tuple[dict[str, bytes], dict[str, Any]]] = {}
+        self._tokenizers: dict[str, RegisterTokenizerRequest] = {}  # fingerprint -> its upload
         self._next = 0  # round robin among equally loaded replicas
         self._monitor: asyncio.Task | None = None
         self._started: asyncio.Lock | None = None
@@ -241,7 +242,10 @@ class AsyncReplicaClient:
             raise NotServingError(rpc, None, f"no replica is SERVING ({self._describe()})")
         return replica
 
-    # ------------------------------------------------------------ the AsyncTitoClient API
+    # ------------------------------------------------------------ the client protocol
+
+    def __str__(self) -> str:
+        return ", ".join(self.replicas) or ", ".join(f"{h}:{p}" for h, p in self.targets)
 
     async def close(self) -> None:
         if self._monitor:
@@ -274,16 +278,11 @@ class AsyncReplicaClient:
     async def list_environments(self) -> list[EnvironmentInfo]:
         return await (await self._any("ListEnvironments")).client.list_environments()
 
-    async def environment(self, name: str) -> EnvironmentInfo:
-        return await (await self._any("ListEnvironments")).client.environment(name)
-
-    async def register_tokenizer(self, tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None
-                                 ) -> TokenizerRegistration:
+    async def register(self, request: RegisterTokenizerRequest) -> TokenizerRegistration:
         """Registers on every SERVING replica now, and on later ones before they open a session with it."""
         await self._any("RegisterTokenizer")
-        files, kwargs = tokenizer_files(tokenizer), dict(chat_template_kwargs or {})
         targets = [r for r in self.replicas.values() if r.usable]
-        results = await asyncio.gather(*(self._register(r, files, kwargs) for r in targets), return_exceptions=True)
+        results = await asyncio.gather(*(self._register(r, request) for r in targets), return_exceptions=True)
         regs = [r for r in results if isinstance(r, TokenizerRegistration)]
         errors = [e for e in results if isinstance(e, BaseException)]
         for e in errors:
@@ -291,21 +290,19 @@ class AsyncReplicaClient:
                 raise e
         if not regs:
             raise NotServingError("RegisterTokenizer", None, f"no replica took the tokenizer ({self._describe()})")
-        self._tokenizers[regs[0].fingerprint] = (files, kwargs)
+        self._tokenizers[regs[0].fingerprint] = request
         return regs[0]
 
-    async def _register(self, replica: Replica, files: dict[str, bytes], kwargs: dict[str, Any]
-                        ) -> TokenizerRegistration:
-        reg = await replica.client.register_tokenizer(files, kwargs)
+    async def _register(self, replica: Replica, request: RegisterTokenizerRequest) -> TokenizerRegistration:
+        reg = await replica.client.register(request)
         replica.registered.add(reg.fingerprint)
         return reg
 
-    async def open_session(self, environment: str, messages: Iterable[Message | dict[str, Any]] = (), *,
-                           fingerprint: str = "", env_args: Mapping[str, Any] | None = None) -> AsyncSession:
-        messages = list(messages)
+    async def open(self, request: OpenSessionRequest) -> OpenedSession:
         await self.start()
         if self._pick(set()) is None:
             await self._check_all()  # the last poll may be stale (a replica just came back)
+        fingerprint = request.tokenizer_fingerprint
         tried: set[str] = set()
         full: ResourceExhaustedError | None = None
         while (replica := self._pick(tried)) is not None:
@@ -313,9 +310,8 @@ class AsyncReplicaClient:
             replica.opening += 1
             try:
                 if fingerprint and fingerprint in self._tokenizers and fingerprint not in replica.registered:
-                    await self._register(replica, *self._tokenizers[fingerprint])
-                session = await replica.client.open_session(environment, messages, fingerprint=fingerprint,
-                                                            env_args=env_args)
+                    await self._register(replica, self._tokenizers[fingerprint])
+                opened = await replica.client.open(request)
             except UnavailableError as e:
                 await self._failed(replica, e)
                 continue
@@ -324,29 +320,25 @@ class AsyncReplicaClient:
                 continue
             finally:
                 replica.opening -= 1
-            replica.sessions.add(session.id)
-            self._routes[session.id] = replica
-            return AsyncSession(self, session.opened, fingerprint)  # type: ignore[arg-type]  # same API
+            replica.sessions.add(opened.session_id)
+            self._routes[opened.session_id] = replica
+            return opened
         if full is not None:
             raise ResourceExhaustedError("OpenSession", full.code, f"every SERVING replica is full (last: {full.details})")
         raise NotServingError("OpenSession", None, f"no replica could open a session ({self._describe()})")
 
-    async def step(self, session_id: str, seq: int, completion_ids: Sequence[int] = (), *,
-                   tool_calls: Sequence[ToolCall] = (), assistant_content: str = "",
-                   max_suffix_tokens: int | None = None, fingerprint: str = "") -> StepResult:
-        replica = self._route("Step", session_id)
+    async def step(self, request: StepRequest) -> StepResult:
+        replica = self._route("Step", request.session_id)
         if replica is None:
-            return StepResult(seq=seq, status=StepStatus.SANDBOX_LOST, detail=self._lost[session_id])
+            return StepResult(seq=request.seq, status=StepStatus.SANDBOX_LOST, detail=self._lost[request.session_id])
         try:
-            return await replica.client.step(session_id, seq, completion_ids, tool_calls=tool_calls,
-                                             assistant_content=assistant_content,
-                                             max_suffix_tokens=max_suffix_tokens, fingerprint=fingerprint)
+            return await replica.client.step(request)
         except UnavailableError as e:
             # Another call may have found the replica lost meanwhile.
-            reason = self._lost.get(session_id) or await self._failed(replica, e)
+            reason = self._lost.get(request.session_id) or await self._failed(replica, e)
             if reason is None:
                 raise
-            return StepResult(seq=seq, status=StepStatus.SANDBOX_LOST, detail=reason)
+            return StepResult(seq=request.seq, status=StepStatus.SANDBOX_LOST, detail=reason)
 
     async def close_session(self, session_id: str) -> bool:
         if self._lost.pop(session_id, None) is not None:

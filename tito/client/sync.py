@@ -1,8 +1,9 @@
-"""The blocking client: the same methods as `AsyncTitoClient`, for scripts and synchronous trainers.
+"""The blocking client: the client protocol's methods, for scripts and synchronous trainers.
 
-It runs one `AsyncTitoClient` on a private event loop in a daemon thread, so both clients share
-one implementation (retries, errors, fingerprint check). `gather` runs several calls concurrently
-on that loop, e.g. the Steps of a whole generation batch.
+It runs one `EnvironmentClient` (an `AsyncTitoClient`, or an `AsyncReplicaClient` for
+`ReplicaClient`) on a private event loop in a daemon thread, so both share one implementation
+(retries, errors, fingerprint check). `gather` runs several calls concurrently on that loop, e.g.
+the Steps of a whole generation batch.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from tito.client.aio import AsyncSession, AsyncTitoClient
+from tito.client.aio import AsyncTitoClient
+from tito.client.protocol import AsyncSession, EnvironmentClient
 from tito.client.replicas import AsyncReplicaClient, ReplicaStatus
-from tito.types import EnvironmentInfo, Message, StepResult, TokenizerRegistration, ToolCall, ToolSpec
+from tito.types import EnvironmentInfo, Message, StepRequest, StepResult, TokenizerRegistration, ToolCall, ToolSpec
 
 T = TypeVar("T")
 
@@ -29,7 +31,7 @@ class TitoClient:
         self._thread = threading.Thread(target=self._loop.run_forever, name="tito-client", daemon=True)
         self._thread.start()
         # grpc.aio channels belong to the loop they are made on: make the client there.
-        self.aio: AsyncTitoClient = self.run(_make(self._async_class, address, kwargs))
+        self.aio: EnvironmentClient = self.run(_make(self._async_class, address, kwargs))
 
     def run(self, awaitable: Awaitable[T]) -> T:
         """Run one coroutine of the async client to its end."""
@@ -73,8 +75,8 @@ class TitoClient:
         return Session(self, self.run(self.aio.open_session(environment, list(messages), fingerprint=fingerprint,
                                                             env_args=env_args)))
 
-    def step(self, session_id: str, seq: int, completion_ids: Sequence[int] = (), **kwargs: Any) -> StepResult:
-        return self.run(self.aio.step(session_id, seq, completion_ids, **kwargs))
+    def step(self, request: StepRequest) -> StepResult:
+        return self.run(self.aio.step(request))
 
     def close_session(self, session_id: str) -> bool:
         return self.run(self.aio.close_session(session_id))

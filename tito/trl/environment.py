@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from tito.client import Session, TitoClient
-from tito.trl._common import (ABORTED, COMPLETED, EnvClock, attempt, connect, log, log_status_metrics,
-                              status_reward, truncated)
+from tito.trl._common import (ABORTED, COMPLETED, EnvClock, attempt, connect, log, log_status_metrics, status_reward,
+                              truncated)
 from tito.types import EnvironmentInfo, StepStatus, ToolCall, ToolSpec
 
 SANITIZE = {"sanitize_control_tokens": True}

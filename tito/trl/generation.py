@@ -20,8 +20,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any, Protocol
 
-from trainer.backends.base import FinishReason, GenRequest, GenResult
-from trainer.backends.vllm_helpers import extract_result, sampling_params_kwargs, token_prompt
+from tito.rollout.generation import FinishReason, GenRequest, GenResult
+from tito.rollout.vllm import extract_result, sampling_params_kwargs, token_prompt
 
 
 class Generator(Protocol):
@@ -61,17 +61,6 @@ def cut_turn(ids: Sequence[int], logprobs: Sequence[float | None] | None, max_ne
     if logprobs is not None and len(logprobs) >= end and all(x is not None for x in logprobs[:end]):
         lps = [float(x) for x in logprobs[:end]]
     return GenResult(ids=[int(t) for t in ids[:end]], logprobs=lps, finish_reason=finish)
-
-
-@dataclasses.dataclass
-class FailedGeneration(GenResult):
-    """No ids, no logprobs: the rollout loop aborts this rollout and records `error`."""
-
-    error: str = ""
-
-
-def _failed(reason: str) -> GenResult:
-    return FailedGeneration(ids=[], logprobs=None, finish_reason=FinishReason.STOP, error=reason)
 
 
 class TransformersGenerator:
@@ -184,7 +173,7 @@ class VLLMColocateGenerator:
             try:
                 results.append(extract_result(output.outputs[0], req))
             except ValueError as e:
-                results.append(_failed(f"vLLM: {e}"))
+                results.append(GenResult.failed(f"vLLM: {e}"))
         return results
 
 

@@ -19,22 +19,20 @@ warns unless `TRL_EXPERIMENTAL_SILENCE=1`.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tito.client import TitoClient
-from tito.client.aio import AsyncSession
+from tito.client import AsyncSession, TitoClient
 from tito.fingerprint import compute_fingerprint
+from tito.rollout import turns
+from tito.rollout.generation import GenRequest
+from tito.rollout.state import Rollout as RolloutState
+from tito.rollout.state import Status
 from tito.tokenizer_files import tokenizer_files
-from tito.trl._common import (ABORTED, COMPLETED, EnvClock, attempt, connect, log, log_status_metrics,
-                              status_reward, truncated)
+from tito.trl._common import (ABORTED, COMPLETED, EnvClock, attempt, connect, log, log_status_metrics, status_reward,
+                              truncated)
 from tito.trl.generation import Generator, generator_for
-from tito.types import StepResult, StepStatus
-from trainer.backends.base import FinishReason, GenRequest, GenResult
-from trainer.state import RolloutStateError, Status, TruncationCause
-from trainer.state import Rollout as RolloutState
 
 # The key `attach` adds to a prompt's first message: rollout_func sees only prompts, so a row's
 # environment arguments travel on its prompt (JSON text, so every row has the same Arrow type).
@@ -72,8 +70,16 @@ def split_prompt(prompt: str | Sequence[Mapping[str, Any]]) -> tuple[list[dict[s
 class _Episode:
     session: AsyncSession
     state: RolloutState
-    step_status: str | None = None  # the last StepStatus name
-    tool_output_cut: bool = False
+
+    @property
+    def step_status(self) -> str | None:
+        """The last Step's status name (None before the first Step)."""
+        stepped = [t.step_status for t in self.state.turns if t.step_status is not None]
+        return stepped[-1].name if stepped else None
+
+    @property
+    def tool_output_cut(self) -> bool:
+        return any(t.tool_truncated for t in self.state.turns)
 
     @property
     def status(self) -> str:
@@ -106,14 +112,9 @@ class TitoRollout:
                  max_turns: int = 4, max_tokens_per_turn: int = 256, max_completion_tokens: int | None = None,
                  suffix_reserve: int = 16, truncated_reward: float | None = 0.0,
                  chat_template_kwargs: Mapping[str, Any] | None = None, ready_timeout_s: float = 120.0) -> None:
-        if max_turns < 1 or max_tokens_per_turn < 1 or suffix_reserve < 0:
-            raise ValueError(f"need max_turns >= 1, max_tokens_per_turn >= 1 and suffix_reserve >= 0; got "
-                             f"{max_turns}, {max_tokens_per_turn}, {suffix_reserve}")
         self.environment = environment
-        self.max_turns = max_turns
-        self.max_tokens_per_turn = max_tokens_per_turn
+        self.limits = turns.TurnLimits(per_turn_cap=max_tokens_per_turn, reserve=suffix_reserve, max_turns=max_turns)
         self.max_completion_tokens = max_completion_tokens
-        self.suffix_reserve = suffix_reserve
         self.truncated_reward = truncated_reward
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -151,7 +152,7 @@ class TitoRollout:
         try:
             episodes = [_Episode(s, RolloutState(budget=len(s.prompt_ids) + budget)) for s in sessions]
             for e in episodes:
-                e.state.start(list(e.session.prompt_ids))
+                turns.start(e.state, e.session.prompt_ids)
             with generator.active():
                 self._run(episodes, generator)
         finally:
@@ -228,73 +229,23 @@ class TitoRollout:
     # ------------------------------------------------------------------ turns
 
     def _run(self, episodes: list[_Episode], generator: Generator) -> None:
-        for turn in range(self.max_turns):
-            batch: list[tuple[_Episode, GenRequest]] = []
-            for e in episodes:
-                if e.state.finished:
-                    continue
-                max_new = min(self.max_tokens_per_turn, e.state.remaining)
-                if max_new < 1:
-                    e.state.truncate(TruncationCause.LENGTH)
-                    continue
-                batch.append((e, GenRequest(prompt_ids=list(e.state.ids), max_new=max_new,
-                                            stop_token_ids=self.stop_token_ids, turn=turn)))
+        """The turn rule's loop, one turn of every running rollout at a time: their generations go to
+        the engine as one batch, and their Steps to the server together (tools run in parallel). Each
+        pass ends every running rollout or adds one turn to it, so max_turns passes end them all; a
+        collective engine (every rank calls it equally often) is called on every pass, even with nothing."""
+        for _ in range(self.limits.max_turns):
+            batch = [(e, max_new) for e in episodes if (max_new := turns.next_turn(e.state, self.limits)) is not None]
             if not batch and not generator.collective:
                 return
-            results = generator.generate([req for _, req in batch])
-            stepping = [(e, res) for (e, req), res in zip(batch, results, strict=True)
-                        if self._take_turn(e, req, res)]
-            last = turn == self.max_turns - 1
+            results = generator.generate([GenRequest(prompt_ids=list(e.state.ids), max_new=max_new,
+                                                     stop_token_ids=self.stop_token_ids, turn=len(e.state.turns))
+                                          for e, max_new in batch])
+            stepping = [(e, res) for (e, max_new), res in zip(batch, results, strict=True)
+                        if turns.after_generation(e.state, res, max_new)]
             answers = self._gather([attempt(e.session.step(
-                res.ids, max_suffix_tokens=max(1, e.state.remaining - self.suffix_reserve)))
-                for e, res in stepping])
+                res.ids, max_suffix_tokens=turns.suffix_budget(e.state, self.limits))) for e, res in stepping])
             for (e, _), answer in zip(stepping, answers, strict=True):
-                self._take_step(e, answer, last)
-        for e in episodes:  # a safety net: the last turn above already ends every rollout
-            if not e.state.finished:
-                e.state.truncate(TruncationCause.MAX_TURNS)
-
-    def _take_turn(self, e: _Episode, req: GenRequest, res: GenResult) -> bool:
-        """Append a generated turn; True when it ended on a stop id and goes to the server."""
-        r = e.state
-        if res.logprobs is None or len(res.logprobs) != len(res.ids) or not res.ids:
-            got = "no" if res.logprobs is None else len(res.logprobs)
-            r.abort(f"generation: {getattr(res, 'error', '') or f'{len(res.ids)} ids, {got} logprobs'}")
-            return False
-        if not all(math.isfinite(x) for x in res.logprobs):
-            r.abort("generation: non-finite logprobs")
-            return False
-        try:
-            r.append_generated(res.ids, res.logprobs, res.finish_reason, req.max_new)
-        except RolloutStateError as err:
-            r.abort(f"generation: {err}")
-            return False
-        if res.finish_reason is FinishReason.LENGTH:
-            r.truncate(TruncationCause.LENGTH)  # a half-written tool call must not run
-            return False
-        return True
-
-    def _take_step(self, e: _Episode, answer: StepResult | Exception, last: bool) -> None:
-        r = e.state
-        if isinstance(answer, Exception):
-            r.abort(f"Step: {answer}")
-            return
-        e.step_status = answer.status.name
-        r.turns[-1].tool_calls = len(answer.tool_calls)
-        r.turns[-1].tool_truncated = answer.truncated
-        e.tool_output_cut |= answer.truncated
-        max_suffix = r.remaining - self.suffix_reserve
-        if answer.status is StepStatus.EPISODE_END:
-            r.complete(answer.reward)
-        elif answer.status is StepStatus.SUFFIX_OVERFLOW or (
-                answer.status is StepStatus.OK and len(answer.suffix_ids) > max_suffix):
-            r.truncate(TruncationCause.TOOL_OVERFLOW)
-        elif answer.status is not StepStatus.OK:
-            r.abort(f"{answer.status.name}: {answer.detail or 'no detail'}")
-        elif last:
-            r.truncate(TruncationCause.MAX_TURNS)  # the episode goes on, the rollout stops here
-        else:
-            r.append_env(list(answer.suffix_ids))
+                turns.after_step(e.state, answer, self.limits)
 
     def _output(self, episodes: list[_Episode]) -> dict[str, list]:
         out: dict[str, list] = {k: [] for k in (
@@ -309,7 +260,7 @@ class TitoRollout:
             logprobs = [lp if m else 0.0 for lp, m in zip(r.logprobs[p:], mask)]
             if not ids:  # TRL reads completion_ids[-1]: give it one inert token
                 ids, mask, logprobs = [self._pad_id], [0], [0.0]
-            out["prompt_ids"].append(r.ids[:p])
+            out["prompt_ids"].append(r.ids[:p] if p else list(e.session.prompt_ids))
             out["completion_ids"].append(ids)
             out["logprobs"].append(logprobs)
             out["env_mask"].append(mask)

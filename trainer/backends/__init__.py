@@ -1,5 +1,3 @@
-"""Generation backends: transformers (CPU/CUDA), vLLM (GPU), scripted (tests)."""
+"""Generation backends: transformers (CPU/CUDA), vLLM, scripted (tests, warm start).
 
-from trainer.backends.base import FinishReason, GenerationBackend, GenRequest, GenResult, RolloutKey
-
-__all__ = ["FinishReason", "GenerationBackend", "GenRequest", "GenResult", "RolloutKey"]
+Each implements `tito.rollout.generation.GenerationBackend`."""

@@ -13,7 +13,7 @@ import threading
 import torch
 from transformers import DynamicCache
 
-from trainer.backends.base import FinishReason, GenRequest, GenResult
+from tito.rollout.generation import FinishReason, GenRequest, GenResult
 
 
 def sample_tokens(

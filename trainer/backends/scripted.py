@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from trainer.backends.base import FinishReason, GenRequest, GenResult
+from tito.rollout.generation import FinishReason, GenRequest, GenResult
 
 Script = Callable[[GenRequest], list[int]]
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from trainer.backends.base import GenerationBackend, GenRequest, GenResult
+from tito.rollout.generation import GenerationBackend, GenRequest, GenResult
 
 if TYPE_CHECKING:
     from trainer.rollout import RolloutSpec

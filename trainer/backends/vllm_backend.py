@@ -32,9 +32,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trainer.backends.base import GenRequest, GenResult
-from trainer.backends.vllm_helpers import (extract_result, launcher_env, sampling_params_kwargs, token_prompt,
-                                           weights_for_vllm)
+from tito.rollout.generation import GenRequest, GenResult
+from tito.rollout.vllm import extract_result, launcher_env, sampling_params_kwargs, token_prompt, weights_for_vllm
 
 log = logging.getLogger(__name__)
 

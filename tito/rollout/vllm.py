@@ -1,4 +1,5 @@
-"""Plain functions behind the vLLM backend, unit-tested without vLLM installed.
+"""Plain functions behind every vLLM generation path (the trainer's backend, TRL's engines), unit-tested
+without vLLM installed.
 
 Request building, stop handling, output/logprob extraction and weight-name mapping live here so
 that `vllm_backend.py` is a thin shell around `LLM.generate` and the weight loader.
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from trainer.backends.base import FinishReason, GenRequest, GenResult
+from tito.rollout.generation import FinishReason, GenRequest, GenResult
 
 
 def sampling_params_kwargs(req: GenRequest) -> dict[str, Any]:

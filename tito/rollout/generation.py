@@ -1,4 +1,9 @@
-"""The generation backend interface shared by the transformers and vLLM backends."""
+"""What a generation backend is: one protocol, its request and result, and why a generation ended.
+
+The trainer's backends (transformers, vLLM, scripted) implement `GenerationBackend`; TRL's engines are
+driven through the same `GenRequest`/`GenResult` by `tito.trl.generation`. `tito.rollout.turns`
+decides what a rollout does with a `GenResult`.
+"""
 
 from __future__ import annotations
 
@@ -49,6 +54,12 @@ class GenResult:
     # None or a short list means the backend could not provide them: the rollout is aborted.
     logprobs: list[float] | None
     finish_reason: FinishReason
+    # Set when the backend could not serve this request (no ids): why. The rollout is aborted.
+    error: str = ""
+
+    @classmethod
+    def failed(cls, reason: str) -> GenResult:
+        return cls(ids=[], logprobs=None, finish_reason=FinishReason.STOP, error=reason or "unknown error")
 
 
 @runtime_checkable

@@ -1,7 +1,8 @@
 """Rollout state: ids, loss mask and logprobs kept in one structure, always the same length.
 
 Every mutation goes through a method that checks the invariant, so a rollout can never hold
-misaligned sequences (the failure mode of parallel arrays patched in several places).
+misaligned sequences (the failure mode of parallel arrays patched in several places). What a
+rollout does after each generation and each Step is decided in one place, `tito.rollout.turns`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tito.rollout.generation import FinishReason
 from tito.types import StepStatus
-from trainer.backends.base import FinishReason
 
 # Placeholder logprob for positions the model did not generate (prompt and environment tokens).
 # NaN, not 0.0, so that a bug that feeds them into the loss shows up loudly instead of silently.
@@ -31,6 +32,22 @@ class TruncationCause(str, enum.Enum):
     LENGTH = "length"  # the budget ran out during generation (or before a turn could start)
     TOOL_OVERFLOW = "tool_overflow"  # the suffix the env rendered would not fit the budget
     MAX_TURNS = "max_turns"  # the turn limit was reached before the episode ended
+
+
+class AbortCause(str, enum.Enum):
+    """Why a rollout was aborted: its tokens are never trained on (the trainer retries it or drops it)."""
+
+    BAD_PROMPT = "bad_prompt"  # the prompt is empty or does not fit the budget
+    GENERATION_FAILED = "generation_failed"  # the backend raised, or could not serve this request
+    NO_TOKENS = "no_tokens"  # the backend generated nothing
+    MISSING_LOGPROBS = "missing_logprobs"  # not one logprob per generated token
+    NONFINITE_LOGPROBS = "nonfinite_logprobs"
+    INVALID_TURN = "invalid_turn"  # the turn breaks the rollout's invariants (more ids than asked, ...)
+    ENV_CALL_FAILED = "env_call_failed"  # OpenSession or Step raised (server unreachable, refused, ...)
+    SANDBOX_LOST = "sandbox_lost"  # Step status SANDBOX_LOST
+    STEP_FAILED = "step_failed"  # Step status ERROR (or one this client does not know)
+    CANCELLED = "cancelled"
+    INTERNAL_ERROR = "internal_error"  # a bug in the loop (logged with its traceback); this rollout only
 
 
 class RolloutStateError(RuntimeError):
@@ -70,7 +87,8 @@ class Rollout:
     turns: list[TurnRecord] = field(default_factory=list)
     status: Status = Status.RUNNING
     truncation: TruncationCause | None = None
-    abort_reason: str | None = None
+    abort_cause: AbortCause | None = None
+    abort_reason: str | None = None  # "<cause>: <detail>", for logs and metrics
     env_reward: float | None = None  # reward reported by the environment, if any
     reward: float | None = None  # final reward used for training
     session_id: str | None = None
@@ -118,7 +136,7 @@ class Rollout:
                 raise RolloutStateError(f"generated token at {i} has logprob {lp}")
         if self.status is Status.TRUNCATED and self.truncation is None:
             raise RolloutStateError("truncated rollout without a cause")
-        if self.status is Status.ABORTED and not self.abort_reason:
+        if self.status is Status.ABORTED and (self.abort_cause is None or not self.abort_reason):
             raise RolloutStateError("aborted rollout without a reason")
 
     # ------------------------------------------------------------------ mutations
@@ -193,19 +211,23 @@ class Rollout:
         self.status = Status.TRUNCATED
         self.truncation = cause
 
-    def abort(self, reason: str) -> bool:
+    def abort(self, cause: AbortCause, detail: str = "") -> bool:
         """Mark a running rollout aborted. A finished rollout stays finished (a late failure,
         e.g. CloseSession raising, does not invalidate tokens already collected)."""
         if self.status is not Status.RUNNING:
             return False
+        if not isinstance(cause, AbortCause):
+            raise RolloutStateError(f"unknown abort cause {cause!r}")
         self.status = Status.ABORTED
-        self.abort_reason = reason or "unknown"
+        self.abort_cause = cause
+        self.abort_reason = f"{cause.value}: {detail}" if detail else cause.value
         return True
 
     def summary(self) -> dict[str, Any]:
         return {
             "status": self.status.value,
             "truncation": self.truncation.value if self.truncation else None,
+            "abort_cause": self.abort_cause.value if self.abort_cause else None,
             "abort_reason": self.abort_reason,
             "len": len(self.ids),
             "prompt_len": self.prompt_len,
