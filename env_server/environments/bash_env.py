@@ -1,10 +1,8 @@
 """The built-in `bash` environment: a persistent bash shell in a sandbox (the same hardened image and
 pool as `python`). `cd`, exported variables and functions persist across calls; see
-`shell_session.py` for how commands run and the rule for processes left running."""
+`env_server/sandbox/runtime/repl_shell.py` for how commands run and the rule for processes left running."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from pydantic import Field
 
@@ -13,8 +11,6 @@ from env_server.environments.sandboxed import SandboxedEnvironment
 from env_server.sandbox.result import ExecResult
 from tito.types import ToolResult
 
-_SHELL_SOURCE = Path(__file__).with_name("shell_session.py").read_text(encoding="utf-8")
-
 
 class RunBashArgs(StrictArgs):
     command: str = Field(description="A bash command line (several lines allowed). The shell persists across calls.")
@@ -22,7 +18,7 @@ class RunBashArgs(StrictArgs):
 
 class BashEnvironment(SandboxedEnvironment):
     """One bash per session. What a command leaves running is stopped when it returns; a command over its
-    timeout restarts the shell (shell_session.py has the rules)."""
+    timeout restarts the shell (repl_shell.py has the rules)."""
 
     name = "bash"
     description = (
@@ -33,7 +29,7 @@ class BashEnvironment(SandboxedEnvironment):
     async def setup(self) -> None:
         await super().setup()  # the seeded files first: the shell starts among them
         assert self.sandbox is not None
-        started = await self.sandbox.execute(_SHELL_SOURCE)
+        started = await self.sandbox.run_shell("true")
         if not started.ok:
             why = started.lost_reason or started.error or "timed out"
             raise RuntimeError(f"could not start bash in the sandbox: {why.strip().splitlines()[-1][:300]}")
@@ -42,7 +38,7 @@ class BashEnvironment(SandboxedEnvironment):
     async def run_bash(self, args: RunBashArgs) -> ToolResult:
         """Run a bash command and return its output (stdout and stderr together) and a non-zero exit code."""
         assert self.sandbox is not None, "the bash environment always gets a sandbox"
-        result = await self.sandbox.execute(f"__tito_shell.run({args.command!r})", timeout_s=self.env_args.timeout_s)
+        result = await self.sandbox.run_shell(args.command, timeout_s=self.env_args.timeout_s)
         return ToolResult(content=format_shell_result(result), truncated=result.truncated,
                           lost_reason=result.lost_reason)
 
@@ -52,12 +48,20 @@ def format_shell_result(r: ExecResult) -> str:
     parts: list[str] = []
     if r.stdout:
         parts.append(r.stdout.rstrip("\n"))
-    if r.stderr:  # the helper's own stderr: should stay empty
+    if r.stderr:  # the driver's own stderr: should stay empty
         parts.append(r.stderr.rstrip("\n"))
     if r.stdout_truncated or r.stderr_truncated:
         parts.append("[output truncated: too much output]")
+    if r.stopped_processes:
+        s = "" if r.stopped_processes == 1 else "es"
+        parts.append(f"[stopped {r.stopped_processes} process{s} the command left running in the background]")
     if r.background_dropped:
-        parts.append(f"[{r.background_dropped} bytes of output written between calls were dropped]")
+        parts.append(f"[{r.background_dropped} bytes of output written outside the command were dropped]")
+    if r.shell_restarted and not r.timed_out and not r.lost:
+        parts.append("[the shell exited; a new one was started in the working directory: directory and variables "
+                     "are reset]")
+    elif r.exit_code:
+        parts.append(f"[exit code {r.exit_code}]")
     if r.timed_out and not r.lost:
         parts.append("[timed out: the command was stopped and the shell restarted in the working directory; "
                      "the directory and variables are reset, files are kept]")

@@ -5,16 +5,13 @@
 Paths are relative to the sandbox's working directory and are checked before anything starts: no
 absolute paths, no `..`, `.` or empty components, no NUL or control characters, at most MAX_DEPTH
 folders deep; at most MAX_FILES files and MAX_TOTAL_BYTES in all. A bad path is refused with
-INVALID_ARGUMENT naming it. The files are written by the sandbox's own interpreter, as its user,
-before the first tool call (so no code of the session's has run yet that could plant a symlink).
+INVALID_ARGUMENT naming it. The files are written by the sandbox's REPL (the protocol's
+`write_files`), as its user, before the first tool call; it never replaces a path or follows a link.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 from typing import TYPE_CHECKING
-
 
 from env_server.errors import quote
 
@@ -62,28 +59,11 @@ def check_files(files: dict[str, str]) -> dict[str, str]:
     return files
 
 
-def seed_code(files: dict[str, str]) -> str:
-    """Stdlib Python that writes `files` under the current directory and leaves no names behind."""
-    blob = {p: base64.b64encode(c.encode("utf-8", "surrogatepass")).decode("ascii") for p, c in files.items()}
-    return (
-        "def __tito_seed(files):\n"
-        "    import base64, os\n"
-        "    for path, data in files.items():\n"
-        "        folder = os.path.dirname(path)\n"
-        "        if folder:\n"
-        "            os.makedirs(folder, exist_ok=True)\n"
-        "        with open(path, 'xb') as f:\n"
-        "            f.write(base64.b64decode(data))\n"
-        f"__tito_seed({json.dumps(blob)})\n"
-        "del __tito_seed\n"
-    )
-
-
 async def seed_files(sandbox: Sandbox, files: dict[str, str]) -> None:
     """Writes the files in the sandbox; raises RuntimeError (a failed set-up) if it could not."""
     if not files:
         return
-    result = await sandbox.execute(seed_code(files))
-    if not result.ok:
-        why = result.lost_reason or result.error or "timed out"
-        raise RuntimeError(f"could not write the seeded files: {why.strip().splitlines()[-1][:300]}")
+    try:
+        await sandbox.write_files({p: c.encode("utf-8", "surrogatepass") for p, c in files.items()})
+    except Exception as e:
+        raise RuntimeError(f"could not write the seeded files: {e}") from e

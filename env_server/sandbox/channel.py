@@ -15,7 +15,7 @@ import logging
 import socket
 from typing import Any, Callable
 
-from . import repl_protocol as protocol
+from .runtime import repl_protocol as protocol
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class ReplChannel:
     async def wait_ready(self) -> dict[str, Any]:
         return await asyncio.shield(self._ready)
 
-    async def send(self, request: protocol.ExecRequest | protocol.Ping) -> asyncio.Future[dict[str, Any]]:
+    async def send(self, request: protocol.Request) -> asyncio.Future[dict[str, Any]]:
         """Writes a request (its id assigned here); returns the future of its reply, a decoded line
         for the caller to parse (fails with ChannelClosed on EOF)."""
         if self.closed:

@@ -7,21 +7,23 @@ channel itself is plain asyncio socket I/O, so a call needs no thread hop.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import logging
 import signal
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any, Callable, TypeVar
 
 import docker
 import docker.errors
 
-from . import repl_protocol as protocol
 from .channel import ChannelClosed, ReplChannel
 from .config import SandboxConfig, parse_bytes
 from .container import ContainerHandle
 from .result import ExecResult
+from .runtime import repl_protocol as protocol
 from .startup import SandboxStart
 
 log = logging.getLogger(__name__)
@@ -130,29 +132,64 @@ class Sandbox:
     # -- calls ------------------------------------------------------------------------------------
 
     async def execute(self, code: str, timeout_s: float | None = None) -> ExecResult:
-        """Runs code in the REPL. Never raises for anything the code does."""
+        """Runs Python code in the REPL. Never raises for anything the code does."""
+        return await self._request("code", code, timeout_s, lambda timeout: protocol.ExecRequest(
+            code=code, timeout=timeout, cap=self.config.output_cap_bytes, value_cap=self.config.value_cap_chars))
+
+    async def run_shell(self, command: str, timeout_s: float | None = None) -> ExecResult:
+        """Runs a command in the session's persistent bash (repl_shell.py). Never raises for anything it does."""
+        return await self._request("command", command, timeout_s, lambda timeout: protocol.ShellRequest(
+            command=command, timeout=timeout, cap=self.config.output_cap_bytes))
+
+    async def write_files(self, files: Mapping[str, bytes]) -> None:
+        """Creates these files (relative path -> bytes, paths already checked) in the working directory.
+        Raises SandboxError saying why it could not (an existing path, the sandbox lost, ...)."""
+        request = protocol.WriteFilesRequest(files={p: base64.b64encode(b).decode("ascii") for p, b in files.items()})
+        size = sum(len(v) for v in request.files.values())
+        if size > self.config.max_code_bytes:
+            raise SandboxError(f"the files are {size} bytes encoded; the limit of one request is "
+                               f"{self.config.max_code_bytes} bytes (sandbox.max_code_bytes)")
+        async with self._lock:
+            if not self.alive:
+                raise SandboxError(f"sandbox lost: {await self._death_reason()}")
+            try:
+                fut = await self._channel.send(request)
+                message = await asyncio.wait_for(fut, self.config.exec_timeout_s)
+            except ChannelClosed:
+                raise SandboxError(f"sandbox lost: {await self._death_reason()}") from None
+            except asyncio.TimeoutError:
+                raise SandboxError(f"writing the files took over {self.config.exec_timeout_s:g} s") from None
+        try:
+            reply = protocol.parse_reply(message)
+        except ValueError as exc:
+            raise SandboxError(f"sandbox error: malformed reply ({exc})") from None
+        if not isinstance(reply, protocol.FilesWritten):
+            raise SandboxError(reply.error if isinstance(reply, protocol.ErrorReply) else f"unexpected {reply.type} reply")
+
+    async def _request(self, what: str, text: str, timeout_s: float | None,
+                       make: Callable[[float], protocol.ExecRequest | protocol.ShellRequest]) -> ExecResult:
+        """Sends one exec or shell request and waits for its reply past the timeout plus a grace;
+        interrupts (SIGINT), then kills a call that ignores its timeout."""
         t0 = time.perf_counter()
 
         def ms() -> float:
             return (time.perf_counter() - t0) * 1000.0
 
-        if not isinstance(code, str):
-            return ExecResult.failure(error=f"code must be a string, not {type(code).__name__}",
+        if not isinstance(text, str):
+            return ExecResult.failure(error=f"{what} must be a string, not {type(text).__name__}",
                                       duration_ms=ms())
-        size = len(code.encode("utf-8", "surrogatepass"))
+        size = len(text.encode("utf-8", "surrogatepass"))
         if size > self.config.max_code_bytes:
             return ExecResult.failure(
-                error=f"code is {size} bytes; the limit is {self.config.max_code_bytes} bytes",
+                error=f"{what} is {size} bytes; the limit is {self.config.max_code_bytes} bytes",
                 duration_ms=ms())
         timeout = float(timeout_s) if timeout_s and timeout_s > 0 else self.config.exec_timeout_s
         async with self._lock:
             if not self.alive:
                 # Died while idle (or earlier): same diagnosis as a death during a call.
                 return self._lost_result(ms(), reason=await self._death_reason())
-            request = protocol.ExecRequest(code=code, timeout=timeout, cap=self.config.output_cap_bytes,
-                                           value_cap=self.config.value_cap_chars)
             try:
-                fut = await self._channel.send(request)
+                fut = await self._channel.send(make(timeout))
                 interrupted = False
                 done, _ = await asyncio.wait({fut}, timeout=timeout + self.config.interrupt_grace_s)
                 if not done:
@@ -196,7 +233,8 @@ class Sandbox:
             timed_out=reply.timed_out or interrupted, lost_reason=None, duration_ms=duration_ms,
             stdout_dropped=max(0, reply.stdout_dropped), stderr_dropped=max(0, reply.stderr_dropped),
             value_truncated=reply.value_truncated, background_dropped=max(0, reply.background_dropped),
-            background_threads=reply.background_threads[:300])
+            background_threads=reply.background_threads[:300], exit_code=reply.exit_code,
+            stopped_processes=max(0, reply.stopped_processes), shell_restarted=reply.shell_restarted)
 
     def _lost_result(self, duration_ms: float, *, reason: str | None,
                      timed_out: bool = False) -> ExecResult:

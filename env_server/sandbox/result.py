@@ -22,6 +22,11 @@ class ExecResult:
     value_truncated: bool = False  # the value or traceback was cut to its cap
     background_dropped: int = 0  # bytes of output written between the previous call and this one, dropped
     background_threads: str = ""  # threads of the code still running after this call (names)
+    # shell commands only (Sandbox.run_shell): the exit status (None: the shell itself exited), the
+    # processes it left running (killed when it returned), whether the shell was started afresh
+    exit_code: int | None = None
+    stopped_processes: int = 0
+    shell_restarted: bool = False
 
     @property
     def lost(self) -> bool:

@@ -20,11 +20,11 @@ import docker
 import docker.errors
 from docker.types import LogConfig, Ulimit
 
-from . import repl_protocol as protocol
 from .channel import ReplChannel
 from .config import SandboxConfig
 from .container import ContainerHandle
 from .labels import labels
+from .runtime import repl_protocol as protocol
 from .socket_channel import SocketEndpoint
 
 log = logging.getLogger(__name__)

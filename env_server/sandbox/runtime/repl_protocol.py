@@ -1,18 +1,24 @@
-"""The host <-> REPL wire protocol, declared once.
+"""The host <-> REPL wire protocol, declared once: every operation the server asks of a sandbox.
 
-Both ends import this module: the host as `env_server.sandbox.repl_protocol`, the REPL inside the
-sandbox image as a sibling file (`/opt/tito/repl_protocol.py`, copied by the image's Dockerfile).
-So it is stdlib-only and runs on the image's Python (3.9 or newer).
+Both ends import this module: the host as `env_server.sandbox.runtime.repl_protocol`, the REPL
+inside the sandbox image as a sibling file (`/opt/tito/repl_protocol.py`; the image bakes in the
+whole `runtime/` folder). So it is stdlib-only and runs on the image's Python (3.9 or newer).
 
 Framing: one JSON object per line, ASCII-encoded. The REPL's ready line always goes to the
 container's stdout (the host reads it on the attach stream); requests and replies then flow over
 the unix socket when the REPL could reach it ("socket"), else over the same stdin/stdout ("stdio").
 
-    hello     REPL -> host (socket only, first line)  Hello(token)
-    ready     REPL -> host (attach stream)           Ready(pid, python, channel, channel_error)
-    request   host -> REPL                           ExecRequest(id, code, timeout, cap, value_cap)
-    ping      host -> REPL                           Ping(id)
-    reply     REPL -> host                           ExecReply(...) | Pong(id) | ErrorReply(id, error)
+    hello        REPL -> host (socket only, first line)  Hello(token)
+    ready        REPL -> host (attach stream)            Ready(pid, python, channel, channel_error)
+    exec         host -> REPL   run Python code          ExecRequest(id, code, timeout, cap, value_cap)
+    shell        host -> REPL   run a command in the     ShellRequest(id, command, timeout, cap)
+                                session's persistent bash (started at the first one; repl_shell.py)
+    write_files  host -> REPL   create files (never      WriteFilesRequest(id, files)
+                                over an existing one)
+    ping         host -> REPL                            Ping(id)
+    replies      REPL -> host   ExecReply (exec, shell) | FilesWritten | Pong | ErrorReply(id, error)
+
+A request names its operation in `op`; a request without one is an exec (the first protocol's form).
 """
 
 import json
@@ -54,6 +60,23 @@ class ExecRequest:
     cap: int = DEFAULT_CAP
     value_cap: int = DEFAULT_CAP
     id: int = 0
+    op: str = "exec"
+
+
+@dataclass
+class ShellRequest:
+    command: str
+    timeout: Optional[float]
+    cap: int = DEFAULT_CAP
+    id: int = 0
+    op: str = "shell"
+
+
+@dataclass
+class WriteFilesRequest:
+    files: Dict[str, str]  # relative path -> content, base64 (the host checked the paths)
+    id: int = 0
+    op: str = "write_files"
 
 
 @dataclass
@@ -81,7 +104,19 @@ class ExecReply:
     # code left running): dropped, only counted. And the names of threads of the code still running.
     background_dropped: int = 0
     background_threads: str = ""
+    # shell only: the command's exit status (None: the shell itself exited), how many processes it left
+    # running that were killed when it returned, and whether the shell was started afresh
+    exit_code: Optional[int] = None
+    stopped_processes: int = 0
+    shell_restarted: bool = False
     type: str = "result"
+
+
+@dataclass
+class FilesWritten:
+    id: Optional[int]
+    count: int
+    type: str = "files_written"
 
 
 @dataclass
@@ -97,13 +132,15 @@ class ErrorReply:
     type: str = "error"
 
 
-Reply = Union[ExecReply, Pong, ErrorReply]
-_REPLIES = {"result": ExecReply, "pong": Pong, "error": ErrorReply}
+Reply = Union[ExecReply, FilesWritten, Pong, ErrorReply]
+Request = Union[ExecRequest, ShellRequest, WriteFilesRequest, Ping]
+_REPLIES = {"result": ExecReply, "files_written": FilesWritten, "pong": Pong, "error": ErrorReply}
+_REQUESTS = {"exec": ExecRequest, "shell": ShellRequest, "write_files": WriteFilesRequest, "ping": Ping}
 _NONE = type(None)
 # isinstance checks for the field types used above (bool is refused where a number is meant).
 _TYPES: Dict[Any, Any] = {
     str: str, Optional[str]: (str, _NONE), int: int, Optional[int]: (int, _NONE),
-    float: (int, float), Optional[float]: (int, float, _NONE), bool: bool,
+    float: (int, float), Optional[float]: (int, float, _NONE), bool: bool, Dict[str, str]: dict,
 }
 _NUMBERS = (int, float, Optional[int], Optional[float])
 
@@ -133,6 +170,8 @@ def _build(cls: Any, obj: Dict[str, Any]) -> Any:
             raise ValueError("field %r must be a number" % f.name)
         if not isinstance(value, expected):
             raise ValueError("field %r has type %s" % (f.name, type(value).__name__))
+        if f.type == Dict[str, str] and not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ValueError("field %r must map strings to strings" % f.name)
         values[f.name] = value
     try:
         return cls(**values)
@@ -152,8 +191,9 @@ def parse_ready(obj: Dict[str, Any]) -> Ready:
     return _build(Ready, obj)
 
 
-def parse_request(obj: Dict[str, Any]) -> Union[ExecRequest, Ping]:
+def parse_request(obj: Dict[str, Any]) -> Request:
     """A request from the host (REPL side); raises ValueError for anything else."""
-    if obj.get("op") == "ping":
-        return _build(Ping, obj)
-    return _build(ExecRequest, obj)
+    cls = _REQUESTS.get(obj.get("op", "exec"))
+    if cls is None:
+        raise ValueError("unknown operation %r" % (obj.get("op"),))
+    return _build(cls, obj)

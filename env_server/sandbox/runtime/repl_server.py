@@ -1,7 +1,8 @@
-"""tito sandbox REPL server (stdlib only; runs as PID 2 under docker-init).
+"""tito sandbox REPL server (stdlib only; runs as PID 2 under docker-init, inside the container).
 
-The wire protocol (messages, framing, constants) is declared in repl_protocol.py, which the host
-imports too. The ready line always goes to the original stdout (the host reads it on the
+It serves every operation of the wire protocol (repl_protocol.py, which the host imports too):
+Python code (`exec`), commands in the session's persistent bash (`shell`, repl_shell.py) and
+file creation (`write_files`), each under the same output capture, cap and timeout. The ready line always goes to the original stdout (the host reads it on the
 container's attach stream); requests and replies then flow over the unix socket named by
 $TITO_REPL_SOCKET (bind-mounted read-only; the first line presents the one-time token), or, if it
 cannot be reached, over the same stdin/stdout — the ready line says which.
@@ -13,6 +14,7 @@ reaches EOF (the host went away) the REPL exits, and with it the container.
 """
 
 import ast
+import base64
 import builtins
 import io
 import linecache
@@ -28,6 +30,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import repl_protocol as protocol  # noqa: E402
 from repl_capture import PipeCapture  # noqa: E402
+from repl_shell import Shell  # noqa: E402
 
 del sys.path[0]
 
@@ -64,9 +67,10 @@ class Repl:
         self.interrupted = False
         self.exec_count = 0
         self.globals = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
-        workdir = os.getcwd()
-        if workdir not in sys.path:
-            sys.path.insert(0, workdir)  # like `python -c`: files written in the workdir are importable
+        self.workdir = os.getcwd()
+        self.shell = None  # the session's bash, started by its first shell request
+        if self.workdir not in sys.path:
+            sys.path.insert(0, self.workdir)  # like `python -c`: files written in the workdir are importable
 
         signal.signal(signal.SIGINT, self._on_sigint)
         signal.signal(signal.SIGALRM, self._on_alarm)
@@ -205,10 +209,63 @@ class Repl:
         return "".join(te.format())
 
     def run(self, req):
-        code, timeout = req.code, req.timeout
-        cap = req.cap or protocol.DEFAULT_CAP
-        value_cap = req.value_cap or cap
-        value = error = None
+        """Runs Python code; the value of a last expression comes back as its repr."""
+        def body():
+            code, expr = self._compile(req.code)
+            exec(code, self.globals)
+            if expr is not None:
+                result = eval(expr, self.globals)
+                if result is not None:
+                    self.globals["_"] = result
+                    return repr(result)
+            return None
+
+        reply, _ = self._call(req, req.timeout, req.cap, req.value_cap, body)
+        return reply
+
+    def run_shell(self, req):
+        """Runs a command in the session's bash (started now if this is the first)."""
+        def body():
+            if self.shell is None:
+                self.shell = Shell(self.workdir)
+            return self.shell.run(req.command)
+
+        reply, outcome = self._call(req, req.timeout, req.cap, req.cap, body, keep_value=False)
+        if outcome is not None:
+            reply.exit_code = outcome.exit_code
+            reply.stopped_processes = outcome.stopped
+            reply.background_dropped += outcome.stopped_output_dropped
+            reply.shell_restarted = outcome.restarted
+        elif reply.timed_out or reply.interrupted:
+            reply.shell_restarted = True  # the shell restarts itself when interrupted mid-command
+        return reply
+
+    def write_files(self, req):
+        """Creates each file (and its folders) under the working directory; never replaces an existing
+        path or follows a link. The host checked the paths; this checks again, on the real filesystem."""
+        for path, data in req.files.items():
+            parts = path.split("/")
+            if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                return protocol.ErrorReply(id=req.id, error="bad path %r" % path)
+            folder = self.workdir
+            for part in parts[:-1]:
+                folder = os.path.join(folder, part)
+                try:
+                    os.mkdir(folder, 0o755)
+                except FileExistsError:
+                    if os.path.islink(folder) or not os.path.isdir(folder):
+                        return protocol.ErrorReply(id=req.id, error="%r: %r is not a folder" % (path, part))
+            fd = os.open(os.path.join(self.workdir, path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(base64.b64decode(data))
+        return protocol.FilesWritten(id=req.id, count=len(req.files))
+
+    def _call(self, req, timeout, cap, value_cap, body, keep_value=True):
+        """Runs `body()` under the call's capture, cap and timeout: (its ExecReply, what body returned).
+        A value body returns is the reply's value when `keep_value` (else only handed back)."""
+        cap = cap or protocol.DEFAULT_CAP
+        value_cap = value_cap or cap
+        returned = error = None
         timed_out = False
         self.interrupted = False
         t0 = time.perf_counter()
@@ -219,16 +276,10 @@ class Repl:
         err_seen, err_between = self.err.begin(cap)
         try:
             try:
-                body, expr = self._compile(code)
                 self.busy = True
                 if timeout:
                     signal.setitimer(signal.ITIMER_REAL, float(timeout))
-                exec(body, self.globals)
-                if expr is not None:
-                    result = eval(expr, self.globals)
-                    if result is not None:
-                        self.globals["_"] = result
-                        value = repr(result)
+                returned = body()
             finally:
                 self.busy = False  # first: a late alarm/SIGINT is now ignored
                 signal.setitimer(signal.ITIMER_REAL, 0)
@@ -258,9 +309,9 @@ class Repl:
             out = self.out.end(out_seen)
             err = self.err.end(err_seen)
 
-        value, value_cut = self._cap_text(value, value_cap)
+        value, value_cut = self._cap_text(returned if keep_value else None, value_cap)
         error, error_cut = self._cap_text(error, value_cap)
-        return protocol.ExecReply(
+        reply = protocol.ExecReply(
             id=req.id,
             stdout=out.text() if out else "",
             stderr=err.text() if err else "",
@@ -277,6 +328,7 @@ class Repl:
             background_dropped=out_between + err_between,
             background_threads=self._user_threads(),
         )
+        return reply, None if keep_value else returned
 
     def _user_threads(self):
         """Threads the code started that are still running (names, at most 5, capped), else ""."""
@@ -285,6 +337,18 @@ class Repl:
         return shown + (" and %d more" % (len(names) - 5) if len(names) > 5 else "")
 
     # -- main loop --------------------------------------------------------------------------------
+
+    def serve_one(self, req):
+        if isinstance(req, protocol.Ping):
+            return protocol.Pong(id=req.id)
+        if isinstance(req, protocol.ShellRequest):
+            return self.run_shell(req)
+        if isinstance(req, protocol.WriteFilesRequest):
+            try:
+                return self.write_files(req)
+            except (OSError, ValueError) as exc:  # an existing path, a bad base64 text, a full disk
+                return protocol.ErrorReply(id=req.id, error="could not write the files: %s" % (exc,))
+        return self.run(req)
 
     def serve(self):
         self.send(protocol.Ready(pid=os.getpid(), python=sys.version.split()[0], channel=self.channel,
@@ -300,7 +364,7 @@ class Repl:
                 continue
             try:
                 req = protocol.parse_request(protocol.decode(line))
-                reply = protocol.Pong(id=req.id) if isinstance(req, protocol.Ping) else self.run(req)
+                reply = self.serve_one(req)
             except KeyboardInterrupt:
                 continue
             except BaseException as exc:  # noqa: BLE001 - a bad request must not kill the REPL

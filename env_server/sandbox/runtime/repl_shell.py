@@ -1,19 +1,21 @@
-"""A persistent bash inside the sandbox, driven by the sandbox's Python REPL (stdlib only).
+"""A persistent bash inside the sandbox, driven by the sandbox's REPL (stdlib only; runs in the container).
 
-This file's source is sent to the REPL once, at the bash environment's set-up; it defines
-`__tito_shell`, and every `run_bash` call is `__tito_shell.run(<command>)`. Nothing here runs on
-the host.
+The REPL starts one `Shell` at the session's first `shell` request (repl_protocol.ShellRequest)
+and runs every later one in it; the reply carries the command's output, its exit status, the
+processes stopped after it and whether the shell was restarted. Nothing here runs on the host.
 
 - One `bash --noprofile --norc` per session, in its own process group, stderr merged into stdout.
   Each command goes in as one line, `eval $'…'` of the command ANSI-C quoted, with stdin from
   /dev/null: `cd`, `export`, functions and variables persist to the next command; a syntax error is
   bash's own message, not a hung shell; a command cannot read the protocol.
 - A command ends at a per-session marker line carrying its exit status; its output is written
-  straight to the REPL's capture pipe as it arrives (so the REPL's cap applies while it is produced).
+  straight to the REPL's capture pipe (fd 1) as it arrives (so the REPL's cap applies while it is
+  produced).
 - The rule for leftovers: when a command returns, every other process of the shell's process
   group (background jobs, a fork bomb's children) is stopped and killed; the shell's state stays.
+  What they wrote after the command's end is dropped and counted.
 - On the call's timeout (the REPL interrupts this code) the whole shell is killed and a fresh one
-  started in the working directory: directory and variables are reset, which the result says.
+  started in the working directory: directory and variables are reset, which the reply says.
 """
 
 import os
@@ -23,10 +25,20 @@ import subprocess
 import time
 
 
-class TitoShell:
-    def __init__(self):
+class ShellOutcome:
+    """What one command did besides its output."""
+
+    def __init__(self, exit_code, stopped=0, stopped_output_dropped=0, restarted=False):
+        self.exit_code = exit_code  # None: the shell itself exited (it was restarted)
+        self.stopped = stopped  # processes it left running, killed when it returned
+        self.stopped_output_dropped = stopped_output_dropped  # bytes they wrote after the command's end
+        self.restarted = restarted
+
+
+class Shell:
+    def __init__(self, home):
         self.marker = "__tito_done_" + secrets.token_hex(8)
-        self.home = os.getcwd()
+        self.home = home
         self.proc = None
         self.start()
 
@@ -54,7 +66,8 @@ class TitoShell:
         return "$'" + "".join(out) + "'"
 
     def run(self, command):
-        # disown: the jobs stopped below are not reported by bash at the next command (this says so instead).
+        """Runs one command; its output goes to fd 1 as it comes. Returns a ShellOutcome."""
+        # disown: the jobs stopped below are not reported by bash at the next command (the reply says so instead).
         line = "eval %s </dev/null; printf '\\n%s %%d\\n' $?; disown -a\n" % (self.quote(command), self.marker)
         try:
             self.proc.stdin.write(line.encode("utf-8", "surrogateescape"))
@@ -63,16 +76,10 @@ class TitoShell:
             self.restart()
             raise
         stopped = self._kill_leftovers()
-        if stopped:
-            late = self._drain()  # what they wrote after the marker: not this command's, not the next's
-            print("[stopped %d process%s the command left running in the background%s]"
-                  % (stopped, "" if stopped == 1 else "es",
-                     "; %d bytes of their later output were dropped" % late if late else ""))
+        late = self._drain() if stopped else 0  # what they wrote after the marker: not this command's
         if status is None:
             self.restart()
-            print("[the shell exited; a new one was started in %s: directory and variables are reset]" % self.home)
-        elif status != 0:
-            print("[exit code %d]" % status)
+        return ShellOutcome(status, stopped, late, restarted=status is None)
 
     def _relay(self):
         """Copies the shell's output to fd 1 up to the marker line; its exit status, or None at EOF."""
@@ -171,6 +178,3 @@ class TitoShell:
             pass
         self.proc.wait()
         self.start()
-
-
-__tito_shell = TitoShell()
