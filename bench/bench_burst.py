@@ -49,9 +49,10 @@ def docker_run_rate(n: int = 16, parallel: int = 4) -> float:
     return rate
 
 
-def pool_depth(metrics_port: int) -> float:
+def pool_depth(metrics_port: int, image: str = SANDBOX_IMAGE) -> float:
+    """The warm depth of `image`'s pool, as the server exports it."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    m = re.search(r"^tito_pool_depth (\S+)$", text, re.M)
+    m = re.search(rf'^tito_pool_depth{{image="{re.escape(image)}"}} (\S+)$', text, re.M)
     return float(m.group(1)) if m else 0.0
 
 

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from env_server.sandbox.pool import SandboxPool
 
 # Steps range from sub-millisecond (trivial code) to the sandbox timeout.
 _STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -21,7 +28,6 @@ class ServerMetrics:
         self.sessions_closed = Counter(
             "tito_sessions_closed_total", "Sessions closed, by reason.", ["reason"], registry=r
         )
-        self.pool_depth = Gauge("tito_pool_depth", "Warm sandboxes ready in the pool.", registry=r)
         self.step_latency = Histogram(
             "tito_step_latency_seconds", "Step RPC latency.", ["environment"], buckets=_STEP_BUCKETS, registry=r
         )
@@ -32,3 +38,41 @@ class ServerMetrics:
             "tito_tool_calls_total", "Tool calls, by outcome.", ["environment", "tool", "outcome"], registry=r
         )
         self.errors = Counter("tito_errors_total", "Errors, by kind.", ["kind"], registry=r)
+
+    def watch_pools(self, pools: Callable[[], Mapping[str, SandboxPool]]) -> None:
+        """Export the figures of every image's sandbox pool, read from the pools when scraped."""
+        self.registry.register(PoolCollector(pools))
+
+
+class PoolCollector(Collector):
+    """Each image's pool: warm depth, its learned target, sandboxes in use, starts made and failed,
+    opens waiting for a start slot and opens refused after waiting (label `image`)."""
+
+    def __init__(self, pools: Callable[[], Mapping[str, SandboxPool]]) -> None:
+        self.pools = pools
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        gauges = {
+            "depth": GaugeMetricFamily("tito_pool_depth", "Warm sandboxes ready in the pool.", labels=["image"]),
+            "target": GaugeMetricFamily("tito_pool_target", "Warm sandboxes the pool aims to keep (learned from "
+                                        "demand).", labels=["image"]),
+            "in_use": GaugeMetricFamily("tito_pool_in_use", "Sandboxes serving sessions.", labels=["image"]),
+            "waiting": GaugeMetricFamily("tito_pool_admission_waiting", "Opens waiting for a start slot.",
+                                         labels=["image"]),
+        }
+        counters = {
+            "created": CounterMetricFamily("tito_pool_created", "Sandboxes started.", labels=["image"]),
+            "failed": CounterMetricFamily("tito_pool_failed", "Sandbox starts that failed.", labels=["image"]),
+            "busy": CounterMetricFamily("tito_pool_busy", "Opens refused after waiting for a start slot.",
+                                        labels=["image"]),
+        }
+        for image, pool in self.pools().items():
+            gauges["depth"].add_metric([image], pool.depth)
+            gauges["target"].add_metric([image], pool.demand.target(pool.depth))
+            gauges["in_use"].add_metric([image], pool.in_use)
+            gauges["waiting"].add_metric([image], pool.admission_waiting)
+            counters["created"].add_metric([image], pool.created_total)
+            counters["failed"].add_metric([image], pool.failed_total)
+            counters["busy"].add_metric([image], pool.busy_total)
+        yield from gauges.values()
+        yield from counters.values()

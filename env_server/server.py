@@ -106,9 +106,9 @@ class EnvServer:
             )
         self.sessions.start_reaper(self.config.reap_interval_s)
         renderer_check = asyncio.create_task(asyncio.to_thread(renderer_self_check))
-        # Health follows the pool's transitions (no polling); the depth gauge is read when scraped.
+        # Health follows the pool's transitions (no polling); the pools' figures are read when scraped.
         self.pool.on_change(lambda state: self._update_health())
-        self.metrics.pool_depth.set_function(lambda: self.pool.depth)
+        self.metrics.watch_pools(lambda: self.pools_by_image)
         await asyncio.gather(*(p.start() for p in self.pools_by_image.values()))
         try:
             await renderer_check

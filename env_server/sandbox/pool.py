@@ -141,6 +141,12 @@ class SandboxPool:
         return sum(1 for sb in self._idle if sb.alive)
 
     @property
+    def in_use(self) -> int:
+        """Sandboxes handed out to sessions and still serving."""
+        idle = set(map(id, self._idle))
+        return sum(1 for sb in self._made if sb.alive and id(sb) not in idle)
+
+    @property
     def status_detail(self) -> str:
         """One line for health checks and UNAVAILABLE errors."""
         if self.state is PoolState.READY:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -65,9 +66,15 @@ def test_metrics_endpoint(server, stub):
     stub.Step(pb.StepRequest(session_id=sid, seq=1, tool_calls=[call]))
     stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    for name in ("tito_sessions_active", "tito_pool_depth", "tito_step_latency_seconds_bucket",
-                 "tito_errors_total", "tito_tool_calls_total"):
+    for name in ("tito_sessions_active", "tito_step_latency_seconds_bucket", "tito_errors_total",
+                 "tito_tool_calls_total"):
         assert name in text, name
+    # Every image's pool, by image: the python session opened and closed was counted on the main image.
+    image = 'image="tito-sandbox-python:latest"'
+    for name in ("tito_pool_depth", "tito_pool_target", "tito_pool_in_use", "tito_pool_admission_waiting",
+                 "tito_pool_created_total", "tito_pool_failed_total", "tito_pool_busy_total"):
+        assert re.search(rf"^{name}{{{image}}} \d", text, re.M), name
+    assert float(re.search(rf"^tito_pool_created_total{{{image}}} (\S+)$", text, re.M).group(1)) >= 1
 
 
 def test_sessions_are_isolated_and_hostile_code_is_contained(stub):
