@@ -16,11 +16,12 @@ import docker
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from env_server.sandbox.config import DEFAULT_IMAGE
 from env_server.sandbox.labels import selector
 from tito.v1 import environment_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parent.parent
-SANDBOX_IMAGE = "tito-sandbox-python:latest"
+SANDBOX_IMAGE = DEFAULT_IMAGE  # TITO_SANDBOX_IMAGE moves it
 
 
 def free_port() -> int:

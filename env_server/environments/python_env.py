@@ -6,6 +6,7 @@ from pydantic import Field
 
 from env_server.environments.base import StrictArgs, tool
 from env_server.environments.sandboxed import SandboxedEnvironment, SandboxEnvArgs
+from env_server.sandbox.config import SCIENTIFIC_IMAGE
 from env_server.sandbox.result import ExecResult
 from tito.answers import answer_matches
 from tito.types import ToolResult
@@ -57,7 +58,7 @@ class ScientificPythonEnvironment(PythonEnvironment):
         "A stateful Python interpreter with numpy, scipy, sympy, pandas and matplotlib, in an isolated sandbox "
         "(no network). Variables, imports and files in the working directory persist across calls within a session."
     )
-    sandbox_image = "tito-sandbox-scientific:latest"
+    sandbox_image = SCIENTIFIC_IMAGE
 
 
 def format_exec_result(r: ExecResult) -> str:

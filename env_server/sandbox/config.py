@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-DEFAULT_IMAGE = "tito-sandbox-python:latest"
+# The image tags scripts/build_images.sh builds; the same variables move both, so several checkouts
+# can share one Docker daemon with images of their own.
+DEFAULT_IMAGE = os.environ.get("TITO_SANDBOX_IMAGE") or "tito-sandbox-python:latest"
+SCIENTIFIC_IMAGE = os.environ.get("TITO_SCIENTIFIC_IMAGE") or "tito-sandbox-scientific:latest"
 RUNSC_HOST_PIDS_LIMIT = 4096
 
 BUILD_HINT = (

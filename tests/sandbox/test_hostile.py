@@ -14,7 +14,7 @@ import docker.errors
 import pytest
 
 from env_server.environments.python_env import ScientificPythonEnvironment, format_exec_result
-from env_server.sandbox import PoolConfig, SandboxPool
+from env_server.sandbox import DEFAULT_IMAGE, PoolConfig, SandboxPool
 
 from .conftest import SERVER_NAME, fast_config
 
@@ -36,9 +36,9 @@ def _has_runtime(name: str) -> bool:
 # privileges) and under gVisor. scripts/test.sh installs runsc and sets TITO_REQUIRE_RUNSC=1; elsewhere
 # the runsc cases skip when dockerd has no runsc runtime.
 @pytest.fixture(scope="module", params=[
-    ("tito-sandbox-python:latest", "runc"),
+    (DEFAULT_IMAGE, "runc"),
     (ScientificPythonEnvironment.sandbox_image, "runc"),
-    ("tito-sandbox-python:latest", "runsc"),
+    (DEFAULT_IMAGE, "runsc"),
 ], ids=["python-image", "scientific-image", "python-image-runsc"])
 async def pool(docker_ok, request):
     image, runtime = request.param

@@ -16,7 +16,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.harness import REPO, containers_of, start_server
+from tests.harness import REPO, SANDBOX_IMAGE, containers_of, start_server
 from tests.sessions import open_session, run, wait_until
 from tito.v1 import environment_pb2 as pb
 
@@ -70,7 +70,7 @@ def test_metrics_endpoint(server, stub):
                  "tito_tool_calls_total"):
         assert name in text, name
     # Every image's pool, by image: the python session opened and closed was counted on the main image.
-    image = 'image="tito-sandbox-python:latest"'
+    image = f'image="{SANDBOX_IMAGE}"'
     for name in ("tito_pool_depth", "tito_pool_target", "tito_pool_in_use", "tito_pool_admission_waiting",
                  "tito_pool_created_total", "tito_pool_failed_total", "tito_pool_busy_total"):
         assert re.search(rf"^{name}{{{image}}} \d", text, re.M), name
