@@ -36,10 +36,10 @@ class RolloutLimits:
     def __post_init__(self) -> None:
         if self.budget < 2:
             raise ValueError(f"invalid rollout limits: {self}")
-        self.turns  # the turn limits check themselves
+        self.turn_limits()  # they check themselves
 
-    @property
-    def turns(self) -> turns.TurnLimits:
+    def turn_limits(self) -> turns.TurnLimits:
+        """The limits the turn rule applies (the budget is each rollout's own)."""
         return turns.TurnLimits(per_turn_cap=self.per_turn_cap, reserve=self.reserve, max_turns=self.max_turns)
 
     @classmethod
@@ -144,7 +144,7 @@ class RolloutRunner:
     def __init__(self, limits: RolloutLimits, scheduler: GenerationScheduler, env: EnvironmentClient | None,
                  environment: str, fingerprint: str, stop_token_ids: list[int], close_timeout_s: float = 30.0) -> None:
         self.limits = limits
-        self.turn_limits = limits.turns
+        self.turn_limits = limits.turn_limits()
         self.scheduler = scheduler
         self.env = env
         self.environment = environment
