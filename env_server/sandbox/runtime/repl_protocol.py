@@ -22,7 +22,7 @@ A request names its operation in `op`; a request without one is an exec (the fir
 """
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, Dict, Optional, Union
 
 # Exit status of a REPL that could not write a reply: its protocol channel was broken.
@@ -146,8 +146,8 @@ _NUMBERS = (int, float, Optional[int], Optional[float])
 
 
 def encode(message: Any) -> bytes:
-    """One protocol line."""
-    return (json.dumps(asdict(message), ensure_ascii=True) + "\n").encode("ascii")
+    """One protocol line (the messages are flat dataclasses: their fields are their __dict__)."""
+    return (json.dumps(message.__dict__, ensure_ascii=True) + "\n").encode("ascii")
 
 
 def decode(line: bytes) -> Dict[str, Any]:
@@ -158,21 +158,33 @@ def decode(line: bytes) -> Dict[str, Any]:
     return obj
 
 
+_STR_MAP = Dict[str, str]
+_SPECS: Dict[Any, Any] = {}
+
+
+def _spec(cls: Any) -> Any:
+    """Per message class, once: (name, the types its value may have, is a number, is a str -> str map)."""
+    spec = _SPECS.get(cls)
+    if spec is None:
+        spec = _SPECS[cls] = [(f.name, _TYPES.get(f.type, object), f.type in _NUMBERS, f.type == _STR_MAP)
+                              for f in fields(cls)]
+    return spec
+
+
 def _build(cls: Any, obj: Dict[str, Any]) -> Any:
     """`cls` from the fields of `obj` that have the declared types; raises ValueError otherwise."""
     values = {}
-    for f in fields(cls):
-        if f.name not in obj:
+    for name, expected, number, str_map in _spec(cls):
+        if name not in obj:
             continue
-        value = obj[f.name]
-        expected = _TYPES.get(f.type, object)
-        if isinstance(value, bool) and f.type in _NUMBERS:
-            raise ValueError("field %r must be a number" % f.name)
+        value = obj[name]
+        if number and isinstance(value, bool):
+            raise ValueError("field %r must be a number" % name)
         if not isinstance(value, expected):
-            raise ValueError("field %r has type %s" % (f.name, type(value).__name__))
-        if f.type == Dict[str, str] and not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise ValueError("field %r must map strings to strings" % f.name)
-        values[f.name] = value
+            raise ValueError("field %r has type %s" % (name, type(value).__name__))
+        if str_map and not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise ValueError("field %r must map strings to strings" % name)
+        values[name] = value
     try:
         return cls(**values)
     except TypeError as exc:  # a required field is missing
