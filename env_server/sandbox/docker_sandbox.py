@@ -233,7 +233,8 @@ class Sandbox:
             timed_out=reply.timed_out or interrupted, lost_reason=None, duration_ms=duration_ms,
             stdout_dropped=max(0, reply.stdout_dropped), stderr_dropped=max(0, reply.stderr_dropped),
             value_truncated=reply.value_truncated, background_dropped=max(0, reply.background_dropped),
-            background_threads=reply.background_threads[:300], exit_code=reply.exit_code,
+            background_threads=reply.background_threads[:300], background_writers=reply.background_writers[:300],
+            exit_code=reply.exit_code,
             stopped_processes=max(0, reply.stopped_processes), shell_restarted=reply.shell_restarted)
 
     def _lost_result(self, duration_ms: float, *, reason: str | None,

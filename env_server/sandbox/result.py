@@ -20,8 +20,10 @@ class ExecResult:
     stdout_dropped: int = 0  # bytes beyond the cap, counted but not kept
     stderr_dropped: int = 0
     value_truncated: bool = False  # the value or traceback was cut to its cap
-    background_dropped: int = 0  # bytes of output written between the previous call and this one, dropped
+    # bytes of output dropped: written between the previous call and this one, or by threads other than the call's
+    background_dropped: int = 0
     background_threads: str = ""  # threads of the code still running after this call (names)
+    background_writers: str = ""  # threads whose writes were dropped (names)
     # shell commands only (Sandbox.run_shell): the exit status (None: the shell itself exited), the
     # processes it left running (killed when it returned), whether the shell was started afresh
     exit_code: int | None = None

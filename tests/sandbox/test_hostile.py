@@ -189,6 +189,34 @@ async def test_background_work_does_not_break_later_calls_or_other_sessions(pool
         await b.destroy()
 
 
+async def test_a_flooding_thread_never_crowds_out_a_calls_own_output(sandbox):
+    # A daemon thread prints at full speed (stdout and stderr) while 20 calls each print their own marker.
+    cap = sandbox.config.output_cap_bytes
+    r = await sandbox.execute(
+        "import sys, threading\n"
+        "def flood():\n    while True:\n        print('flood' * 20)\n        print('FLOOD', file=sys.stderr)\n"
+        "threading.Thread(target=flood, name='flooder', daemon=True).start()\n'started'")
+    assert r.value == "'started'", r
+    assert len(r.stdout.encode()) <= cap  # while the call that started it runs, the thread is the call's own
+    dropped = 0
+    for i in range(20):
+        r = await sandbox.execute(f"print('marker-{i}')\n{i}")
+        assert r.ok and r.value == str(i), r
+        assert r.stdout == f"marker-{i}\n" and r.stderr == "", r.stdout[:200]
+        assert not r.truncated and len(r.stdout.encode()) < cap
+        # (A call shorter than the interpreter's switch interval may see no write of the thread at all.)
+        assert r.background_writers in ("flooder", "") and r.background_threads == "flooder", r
+        dropped += r.background_dropped
+    assert dropped > 0
+    r = await sandbox.execute("import time\ntime.sleep(0.05)\nprint('marker')")
+    note = format_exec_result(r)
+    assert note.startswith("marker\n[") and "(threads: flooder) were dropped" in note, note
+    # Threads a call starts are the call's own, also writing through sys.stdout.buffer; the flood stays out.
+    r = await sandbox.execute("import threading\nt = threading.Thread(target=lambda: print('child', flush=True))\n"
+                              "t.start(); t.join()\nsys.stdout.buffer.write(b'bytes\\n')\nprint('parent')")
+    assert r.stdout == "child\nbytes\nparent\n", r
+
+
 async def test_network_is_isolated(sandbox):
     # Prove isolation on loopback only: a server the test itself runs on the host's 127.0.0.1.
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -100,10 +100,13 @@ class ExecReply:
     timed_out: bool = False
     interrupted: bool = False
     duration_ms: float = 0.0
-    # Bytes written to stdout/stderr between the previous call and this one (by threads or processes the
-    # code left running): dropped, only counted. And the names of threads of the code still running.
+    # Bytes dropped, only counted: written to fds 1/2 between the previous call and this one (by threads or
+    # processes the code left running), and written through sys.stdout/sys.stderr by threads other than the
+    # call's own (since the previous call, this call included). The names of the threads whose writes were
+    # dropped, and of the code's threads still running.
     background_dropped: int = 0
     background_threads: str = ""
+    background_writers: str = ""
     # shell only: the command's exit status (None: the shell itself exited), how many processes it left
     # running that were killed when it returned, and whether the shell was started afresh
     exit_code: Optional[int] = None

@@ -29,7 +29,7 @@ import traceback
 # python3 -I leaves the script's folder off sys.path: the protocol and capture modules sit beside it.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import repl_protocol as protocol  # noqa: E402
-from repl_capture import PipeCapture  # noqa: E402
+from repl_capture import BackgroundWrites, PipeCapture, ThreadRoutedStream  # noqa: E402
 from repl_shell import Shell  # noqa: E402
 
 del sys.path[0]
@@ -60,10 +60,16 @@ class Repl:
         os.dup2(self.devnull, 0)
         self.out = PipeCapture(1)
         self.err = PipeCapture(2)
+        self.busy = False  # a call runs: the alarm and SIGINT interrupt it
+        self.capturing = False  # a call's threads write to the capture (ends under stream_lock, after busy)
+        self.call_id = 0  # which call is running (or ran last); threads started during it carry it
+        self.main_ident = threading.get_ident()
+        self.background = BackgroundWrites()
+        self.stream_lock = threading.RLock()
+        self._tag_new_threads()
         self._restore_fds()
         self._install_streams()
 
-        self.busy = False
         self.interrupted = False
         self.exec_count = 0
         self.globals = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
@@ -127,11 +133,33 @@ class Repl:
         os.dup2(self.out.write_fd, 1)
         os.dup2(self.err.write_fd, 2)
 
+    def _tag_new_threads(self):
+        """Marks every thread started while a call runs, by one of the call's threads, as that call's: what it
+        writes through sys.stdout/sys.stderr during the call is the call's output. (Threads made with the
+        low-level `_thread` module carry no mark: their writes count as background.)"""
+        repl = self
+        start = threading.Thread.start
+
+        def tagged_start(thread, *args, **kwargs):
+            thread._tito_call = repl.call_id if repl.in_call_thread() else 0
+            return start(thread, *args, **kwargs)
+
+        threading.Thread.start = tagged_start
+
+    def in_call_thread(self):
+        """Is the running thread one of the running call's: the one that runs it, or one started during it?"""
+        if not self.capturing:
+            return False
+        if threading.get_ident() == self.main_ident:
+            return True
+        return getattr(threading.current_thread(), "_tito_call", 0) == self.call_id
+
     def _install_streams(self):
         def stream(fd):
             raw = io.FileIO(fd, "wb", closefd=False)
-            return io.TextIOWrapper(io.BufferedWriter(raw, 1 << 16), encoding="utf-8",
+            text = io.TextIOWrapper(io.BufferedWriter(raw, 1 << 16), encoding="utf-8",
                                     errors="backslashreplace", line_buffering=True)
+            return ThreadRoutedStream(text, self.in_call_thread, self.background, self.stream_lock)
 
         self.stdout = stream(1)
         self.stderr = stream(2)
@@ -274,6 +302,8 @@ class Repl:
         self._check_streams()
         out_seen, out_between = self.out.begin(cap)
         err_seen, err_between = self.err.begin(cap)
+        self.call_id += 1
+        self.capturing = True
         try:
             try:
                 self.busy = True
@@ -297,17 +327,17 @@ class Repl:
                 error = "%s (traceback unavailable)" % type(exc).__name__
         finally:
             self.busy = False
-            try:
-                sys.stdout.flush()
-            except BaseException:  # noqa: BLE001
-                pass
-            try:
-                sys.stderr.flush()
-            except BaseException:  # noqa: BLE001
-                pass
+            with self.stream_lock:
+                self.capturing = False
+                for stream in (self.stdout, self.stderr):  # ours, whatever user code left in sys.stdout/stderr
+                    try:
+                        stream.flush_target()
+                    except BaseException:  # noqa: BLE001
+                        pass
             self._restore_fds()
             out = self.out.end(out_seen)
             err = self.err.end(err_seen)
+            python_dropped, writers = self.background.take()
 
         value, value_cut = self._cap_text(returned if keep_value else None, value_cap)
         error, error_cut = self._cap_text(error, value_cap)
@@ -325,8 +355,9 @@ class Repl:
             timed_out=timed_out,
             interrupted=self.interrupted,
             duration_ms=(time.perf_counter() - t0) * 1000.0,
-            background_dropped=out_between + err_between,
+            background_dropped=out_between + err_between + python_dropped,
             background_threads=self._user_threads(),
+            background_writers=writers,
         )
         return reply, None if keep_value else returned
 
