@@ -25,10 +25,11 @@ class ExecResult:
     background_threads: str = ""  # threads of the code still running after this call (names)
     background_writers: str = ""  # threads whose writes were dropped (names)
     # shell commands only (Sandbox.run_shell): the exit status (None: the shell itself exited), the
-    # processes it left running (killed when it returned), whether the shell was started afresh
+    # processes it left running (killed when it returned), whether the shell was started afresh, where it is
     exit_code: int | None = None
     stopped_processes: int = 0
     shell_restarted: bool = False
+    cwd: str = ""  # the shell's working directory after the command
 
     @property
     def lost(self) -> bool:

@@ -16,11 +16,14 @@ reaches EOF (the host went away) the REPL exits, and with it the container.
 import ast
 import base64
 import builtins
+import fnmatch
+import hashlib
 import io
 import linecache
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -30,6 +33,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import repl_protocol as protocol  # noqa: E402
 from repl_capture import BackgroundWrites, PipeCapture, ThreadRoutedStream  # noqa: E402
+from repl_editor import Editor  # noqa: E402
 from repl_shell import Shell  # noqa: E402
 
 del sys.path[0]
@@ -75,6 +79,7 @@ class Repl:
         self.globals = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
         self.workdir = os.getcwd()
         self.shell = None  # the session's bash, started by its first shell request
+        self.editor = None  # the session's file editor (its undo history), made by the first edit request
         if self.workdir not in sys.path:
             sys.path.insert(0, self.workdir)  # like `python -c`: files written in the workdir are importable
 
@@ -264,29 +269,155 @@ class Repl:
             reply.stopped_processes = outcome.stopped
             reply.background_dropped += outcome.stopped_output_dropped
             reply.shell_restarted = outcome.restarted
+            reply.cwd = outcome.cwd
         elif reply.timed_out or reply.interrupted:
             reply.shell_restarted = True  # the shell restarts itself when interrupted mid-command
         return reply
 
-    def write_files(self, req):
-        """Creates each file (and its folders) under the working directory; never replaces an existing
-        path or follows a link. The host checked the paths; this checks again, on the real filesystem."""
-        for path, data in req.files.items():
-            parts = path.split("/")
-            if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-                return protocol.ErrorReply(id=req.id, error="bad path %r" % path)
-            folder = self.workdir
-            for part in parts[:-1]:
-                folder = os.path.join(folder, part)
+    # -- files (paths relative to the working directory; the host checked them, this checks again) -------
+
+    def _inside(self, path):
+        """The absolute path of a relative path; ValueError unless every component is a plain name."""
+        parts = path.split("/")
+        if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\x00" in path:
+            raise ValueError("bad path %r" % path)
+        return os.path.join(self.workdir, path)
+
+    def _folders(self, path, make):
+        """Checks (and with `make`, creates) the folders above `path`: real folders, never links.
+        False when one is missing (and not made)."""
+        folder = self.workdir
+        for part in path.split("/")[:-1]:
+            folder = os.path.join(folder, part)
+            if make:
                 try:
                     os.mkdir(folder, 0o755)
+                    continue
                 except FileExistsError:
-                    if os.path.islink(folder) or not os.path.isdir(folder):
-                        return protocol.ErrorReply(id=req.id, error="%r: %r is not a folder" % (path, part))
-            fd = os.open(os.path.join(self.workdir, path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                    pass
+            if os.path.islink(folder) or not os.path.isdir(folder):
+                if not make and not os.path.lexists(folder):
+                    return False
+                raise ValueError("%r: %r is not a folder" % (path, part))
+        return True
+
+    def write_files(self, req):
+        """Creates each file (and its folders) under the working directory; never follows a link. An existing
+        path is an error, or with `replace` a file or link there is removed first (a folder never is).
+        `remove` deletes files or links first (a missing one is fine), and the folders that leaves empty."""
+        for path in req.remove:
+            full = self._inside(path)
+            if self._folders(path, make=False) and os.path.lexists(full):
+                if os.path.isdir(full) and not os.path.islink(full):
+                    raise ValueError("%r is a folder, not a file" % path)
+                os.unlink(full)
+                folder = os.path.dirname(full)
+                while folder != self.workdir and not os.listdir(folder):  # folders it leaves empty go too
+                    os.rmdir(folder)
+                    folder = os.path.dirname(folder)
+        for path, data in req.files.items():
+            full = self._inside(path)
+            self._folders(path, make=True)
+            if req.replace and os.path.lexists(full):
+                if os.path.isdir(full) and not os.path.islink(full):
+                    raise ValueError("%r is a folder, not a file" % path)
+                os.unlink(full)
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "wb") as f:
                 f.write(base64.b64decode(data))
         return protocol.FilesWritten(id=req.id, count=len(req.files))
+
+    def copy_tree(self, req):
+        """Copies the image's folder `source` (files, folders, links as links, the executable bit) into the
+        working directory; never over an existing path. No such folder: nothing, if `missing_ok`."""
+        source = os.path.realpath(req.source)
+        if not os.path.isdir(source):
+            if req.missing_ok and not os.path.lexists(req.source):
+                return protocol.FilesWritten(id=req.id, count=0)
+            raise ValueError("%r is not a folder" % req.source)
+        count = 0
+        for top, folders, files in os.walk(source):
+            rel = os.path.relpath(top, source)
+            target = self.workdir if rel == "." else os.path.join(self.workdir, rel)
+            if rel != ".":
+                os.mkdir(target, 0o755)
+            for name in folders + files:
+                src, dst = os.path.join(top, name), os.path.join(target, name)
+                if os.path.islink(src):
+                    os.symlink(os.readlink(src), dst)
+                    count += 1
+                    if name in folders:
+                        folders.remove(name)  # (os.walk does not enter it: links are copied as links)
+                elif name in files and stat.S_ISREG(os.lstat(src).st_mode):
+                    mode = 0o755 if os.lstat(src).st_mode & 0o111 else 0o644
+                    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+                    with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+                        while True:
+                            chunk = inp.read(1 << 20)
+                            if not chunk:
+                                break
+                            out.write(chunk)
+                    count += 1
+        return protocol.FilesWritten(id=req.id, count=count)
+
+    def hash_tree(self, req):
+        """sha256 and size of every regular file under the working directory, the target of every link; names
+        matching a `skip` pattern (files or folders, at any depth) left out; at most max_files entries."""
+        reply = protocol.TreeHashes(id=req.id)
+        for top, folders, files in os.walk(self.workdir):
+            folders[:] = sorted(f for f in folders if not any(fnmatch.fnmatchcase(f, p) for p in req.skip))
+            for name in sorted(files + [f for f in folders if os.path.islink(os.path.join(top, f))]):
+                if any(fnmatch.fnmatchcase(name, p) for p in req.skip):
+                    continue
+                full = os.path.join(top, name)
+                rel = os.path.relpath(full, self.workdir)
+                if len(reply.files) + len(reply.links) + len(reply.skipped) >= req.max_files:
+                    reply.truncated = True
+                    return reply
+                mode = os.lstat(full).st_mode
+                if stat.S_ISLNK(mode):
+                    reply.links[rel] = os.readlink(full)
+                elif stat.S_ISREG(mode):
+                    digest, size = hashlib.sha256(), 0
+                    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                    with os.fdopen(fd, "rb") as f:
+                        while True:
+                            chunk = f.read(1 << 20)
+                            if not chunk:
+                                break
+                            digest.update(chunk)
+                            size += len(chunk)
+                    reply.files[rel], reply.sizes[rel] = digest.hexdigest(), size
+                else:
+                    reply.skipped.append(rel)
+            folders[:] = [f for f in folders if not os.path.islink(os.path.join(top, f))]
+        return reply
+
+    def read_files(self, req):
+        """The bytes of each regular file (never through a link); others are listed as missing."""
+        reply = protocol.FilesRead(id=req.id)
+        root = os.path.realpath(self.workdir)
+        for path in req.paths:
+            full = self._inside(path)
+            if not os.path.realpath(full).startswith(root + "/"):
+                reply.missing.append(path)
+                continue
+            try:
+                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                reply.missing.append(path)
+                continue
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    reply.missing.append(path)
+                    continue
+                reply.files[path] = base64.b64encode(f.read()).decode("ascii")
+        return reply
+
+    def edit(self, req):
+        if self.editor is None:
+            self.editor = Editor()
+        return self.editor.run(req)
 
     def _call(self, req, timeout, cap, value_cap, body, keep_value=True):
         """Runs `body()` under the call's capture, cap and timeout: (its ExecReply, what body returned).
@@ -369,16 +500,27 @@ class Repl:
 
     # -- main loop --------------------------------------------------------------------------------
 
+    # file operations: (method, the errors that are the request's fault and become an ErrorReply saying why)
+    _FILE_OPS = {
+        protocol.WriteFilesRequest: ("write_files", "could not write the files"),
+        protocol.CopyTreeRequest: ("copy_tree", "could not copy the folder"),
+        protocol.HashTreeRequest: ("hash_tree", "could not list the files"),
+        protocol.ReadFilesRequest: ("read_files", "could not read the files"),
+        protocol.EditRequest: ("edit", "the editor failed"),
+    }
+
     def serve_one(self, req):
         if isinstance(req, protocol.Ping):
             return protocol.Pong(id=req.id)
         if isinstance(req, protocol.ShellRequest):
             return self.run_shell(req)
-        if isinstance(req, protocol.WriteFilesRequest):
+        op = self._FILE_OPS.get(type(req))
+        if op is not None:
+            method, what = op
             try:
-                return self.write_files(req)
+                return getattr(self, method)(req)
             except (OSError, ValueError) as exc:  # an existing path, a bad base64 text, a full disk
-                return protocol.ErrorReply(id=req.id, error="could not write the files: %s" % (exc,))
+                return protocol.ErrorReply(id=req.id, error="%s: %s" % (what, exc))
         return self.run(req)
 
     def serve(self):
