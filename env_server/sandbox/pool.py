@@ -88,6 +88,7 @@ class SandboxPool:
         self._wake = asyncio.Event()
         self.state = PoolState.NOT_STARTED
         self.reason: str | None = "sandbox pool not started"  # why it is not READY
+        self.missing_image = False  # the last probe found no such image
         self._listeners: list[Callable[[PoolState], Any]] = []
         self._swept = False
         self.created_total = 0
@@ -198,9 +199,11 @@ class SandboxPool:
                         "gVisor run TITO_SANDBOX_RUNTIME=runsc scripts/setup.sh, which installs runsc and "
                         "registers it with dockerd, or set sandbox.runtime=runc")
 
+        self.missing_image = False
         try:
             await self._run(check)
         except docker.errors.ImageNotFound:
+            self.missing_image = True
             reason = f"sandbox image {image!r} not found; {BUILD_HINT}"
         except MissingRuntime as exc:
             reason = str(exc)
