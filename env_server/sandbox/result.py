@@ -24,7 +24,7 @@ class ExecResult:
     background_dropped: int = 0
     background_threads: str = ""  # threads of the code still running after this call (names)
     background_writers: str = ""  # threads whose writes were dropped (names)
-    # shell commands only (Sandbox.run_shell): the exit status (None: the shell itself exited), the
+    # shell commands only (Sandbox.run_shell): the exit status (the shell's own if it exited), the
     # processes it left running (killed when it returned), whether the shell was started afresh, where it is
     exit_code: int | None = None
     stopped_processes: int = 0

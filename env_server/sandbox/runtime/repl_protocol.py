@@ -162,8 +162,9 @@ class ExecReply:
     background_dropped: int = 0
     background_threads: str = ""
     background_writers: str = ""
-    # shell only: the command's exit status (None: the shell itself exited), how many processes it left
-    # running that were killed when it returned, and whether the shell was started afresh
+    # shell only: the command's exit status (the shell's own if it exited: `exit 3`; None if it was interrupted),
+    # how many processes it left running that were killed when it returned, and whether the shell was started
+    # afresh
     exit_code: Optional[int] = None
     stopped_processes: int = 0
     shell_restarted: bool = False

@@ -29,7 +29,7 @@ class ShellOutcome:
     """What one command did besides its output."""
 
     def __init__(self, exit_code, stopped=0, stopped_output_dropped=0, restarted=False, cwd=""):
-        self.exit_code = exit_code  # None: the shell itself exited (it was restarted)
+        self.exit_code = exit_code  # the shell's own exit status if it exited (it was restarted)
         self.stopped = stopped  # processes it left running, killed when it returned
         self.stopped_output_dropped = stopped_output_dropped  # bytes they wrote after the command's end
         self.restarted = restarted
@@ -80,9 +80,11 @@ class Shell:
             raise
         stopped = self._kill_leftovers()
         late = self._drain() if stopped else 0  # what they wrote after the marker: not this command's
-        if status is None:
+        if status is None:  # the shell itself exited (`exit 3`): its status is the command's
+            exited = self.proc.wait()
             self.restart()
-        return ShellOutcome(status, stopped, late, restarted=status is None, cwd=cwd)
+            return ShellOutcome(exited, stopped, late, restarted=True)
+        return ShellOutcome(status, stopped, late, cwd=cwd)
 
     def _relay(self):
         """Copies the shell's output to fd 1 up to the marker line: (exit status, working directory), or
