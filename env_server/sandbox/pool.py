@@ -199,7 +199,6 @@ class SandboxPool:
                         "gVisor run TITO_SANDBOX_RUNTIME=runsc scripts/setup.sh, which installs runsc and "
                         "registers it with dockerd, or set sandbox.runtime=runc")
 
-        self.missing_image = False
         try:
             await self._run(check)
         except docker.errors.ImageNotFound:
@@ -208,9 +207,11 @@ class SandboxPool:
         except MissingRuntime as exc:
             reason = str(exc)
         except (docker.errors.DockerException, OSError) as exc:
+            self.missing_image = False
             reason = (f"Docker daemon unreachable ({exc}); start dockerd or set DOCKER_HOST, "
                       f"and make sure the image {image!r} exists ({BUILD_HINT})")
         else:
+            self.missing_image = False
             if not self._swept:
                 self._swept = True
                 await self.sweep()

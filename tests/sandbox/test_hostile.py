@@ -15,10 +15,25 @@ import pytest
 
 from env_server.environments.python_env import ScientificPythonEnvironment, format_exec_result
 from env_server.sandbox import DEFAULT_IMAGE, PoolConfig, SandboxPool
+from tito.coding_tasks import task_image_tag
+
+# An example coding task's image (scripts/build_task_images.sh): the sandbox image plus a repository.
+TASK_IMAGE = f"tito-task-roman:{task_image_tag()}"
 
 from .conftest import SERVER_NAME, fast_config
 
 pytestmark = pytest.mark.docker
+
+
+def _has_image(name: str) -> bool:
+    client = docker.from_env(timeout=10)
+    try:
+        client.images.get(name)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+    finally:
+        client.close()
 
 
 def _has_runtime(name: str) -> bool:
@@ -32,18 +47,21 @@ def _has_runtime(name: str) -> bool:
         return False
 
 
-# Every hostile test runs in every sandbox image (the scientific one adds native libraries, not
-# privileges) and under gVisor. scripts/test.sh installs runsc and sets TITO_REQUIRE_RUNSC=1; elsewhere
+# Every hostile test runs in every sandbox image (the scientific one adds native libraries, a task image a
+# repository, neither privileges) and under gVisor. scripts/test.sh installs runsc and sets TITO_REQUIRE_RUNSC=1; elsewhere
 # the runsc cases skip when dockerd has no runsc runtime.
 @pytest.fixture(scope="module", params=[
     (DEFAULT_IMAGE, "runc"),
     (ScientificPythonEnvironment.sandbox_image, "runc"),
+    (TASK_IMAGE, "runc"),
     (DEFAULT_IMAGE, "runsc"),
-], ids=["python-image", "scientific-image", "python-image-runsc"])
+], ids=["python-image", "scientific-image", "task-image", "python-image-runsc"])
 async def pool(docker_ok, request):
     image, runtime = request.param
     if runtime == "runsc" and os.environ.get("TITO_REQUIRE_RUNSC") != "1" and not _has_runtime("runsc"):
         pytest.skip("dockerd has no runsc runtime (TITO_INSTALL_RUNSC=1 scripts/setup.sh registers it)")
+    if image == TASK_IMAGE and not _has_image(image):
+        pytest.skip(f"task image {image} missing: scripts/build_task_images.sh (setup runs it) builds it")
     p = SandboxPool(fast_config(image=image, runtime=runtime),
                     PoolConfig(target_size=2, max_concurrent_creates=2, learn_demand=False),
                     # Its own server name: a pool's start-up sweep removes its server name's other instances.
