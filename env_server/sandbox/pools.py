@@ -37,13 +37,13 @@ class SandboxPools:
         self._by_environment: dict[str, SandboxPool] = {}
         self._starts: dict[str, asyncio.Task[None]] = {}
 
-    def _add(self, image: str, target_size: int) -> SandboxPool:
+    def _add(self, image: str, target_size: int, sweep_at_start: bool = True) -> SandboxPool:
         pool = self.by_image.get(image)
         if pool is None:
             # They share the instance id, so their start-up sweeps spare each other.
             pool = SandboxPool(self.sandbox_config.model_copy(update={"image": image}),
                                self.pool_config.model_copy(update={"target_size": target_size}),
-                               self.server_name, self.instance_id)
+                               self.server_name, self.instance_id, sweep_at_start=sweep_at_start)
             self.by_image[image] = pool
         return pool
 
@@ -66,7 +66,7 @@ class SandboxPools:
         `pool.reason` says which."""
         pool = self.by_image.get(image)
         if pool is None:
-            pool = self._add(image, self.pool_config.task_images_target_size)
+            pool = self._add(image, self.pool_config.task_images_target_size, sweep_at_start=False)
             self._starts[image] = asyncio.get_running_loop().create_task(pool.start(), name=f"pool-start-{image}")
         start = self._starts.get(image)
         if start is not None:
@@ -75,15 +75,18 @@ class SandboxPools:
                 and pool not in self._by_environment.values()):
             del self.by_image[image]
             self._starts.pop(image, None)
-            await pool.close()
+            await pool.close(instance_wide=False)  # the other pools of the instance go on serving
         return pool
 
     async def start(self) -> None:
         await asyncio.gather(*(p.start() for p in self.by_image.values()))
 
     async def close(self) -> None:
+        """Closes every pool: the others first, each with its own sandboxes; then the main pool, which also sweeps
+        the instance's leftovers (so no pool's sweep removes what another still starts)."""
         for task in self._starts.values():
             task.cancel()
         await asyncio.gather(*self._starts.values(), return_exceptions=True)
-        for pool in reversed(list(self.by_image.values())):  # the main pool's final sweep last
-            await pool.close()
+        others = [p for p in self.by_image.values() if p is not self.main]
+        await asyncio.gather(*(p.close(instance_wide=False) for p in others))
+        await self.main.close()

@@ -118,14 +118,17 @@ def test_task_images_are_allowed_by_config_only(server, task_images):
         with pytest.raises(InvalidArgumentError, match=r"env_args image 'busybox:latest' is not allowed on this server: "
                                                        r"the setting task_images \(TITO_TASK_IMAGES\) allows 'tito-task-\*'"):
             client.open_session("coding", env_args={"image": "busybox:latest"})
-        with pytest.raises(FailedPreconditionError, match=r"the task image 'tito-task-no-such:x' is not on this server's "
-                                                          r"Docker daemon; .*scripts/build_task_images.sh"):
-            client.open_session("coding", env_args={"image": "tito-task-no-such:x"})
         # Any sandboxed environment may run in an allowed task image: same REPL, same hardening.
         with client.open_session("python", env_args={"image": ROMAN.image}) as s:
             r = s.step(tool_calls=[ToolCall("", "run_python", json.dumps(
                 {"code": "import os\nsorted(os.listdir('/opt/tito-task/repo')), os.getuid()"}))])
             assert r.tool_messages[0].content == "Out: (['README.md', 'roman', 'tests'], 1000)"
+            with pytest.raises(FailedPreconditionError, match=r"the task image 'tito-task-no-such:x' is not on this "
+                                                              r"server's Docker daemon; .*scripts/build_task_images.sh"):
+                client.open_session("coding", env_args={"image": "tito-task-no-such:x"})
+            # The missing image's pool went away without touching the instance's other sandboxes.
+            r = s.step(tool_calls=[ToolCall("", "run_python", json.dumps({"code": "'still here'"}))])
+            assert r.tool_messages[0].content == "Out: 'still here'"
 
 
 def _pool_figures(port: int, image: str) -> dict[str, float]:
