@@ -101,7 +101,8 @@ class EnvServer:
         renderer_check = asyncio.create_task(asyncio.to_thread(renderer_self_check))
         # Health follows the pool's transitions (no polling); the pools' figures are read when scraped.
         self.pool.on_change(lambda state: self._update_health())
-        self.metrics.watch_pools(lambda: self.pools.by_image)
+        # A copy: /metrics is served from another thread while task images' pools are added.
+        self.metrics.watch_pools(lambda: dict(self.pools.by_image))
         await self.pools.start()
         try:
             await renderer_check

@@ -123,6 +123,11 @@ class Repl:
         os._exit(0)
 
     def _after_fork_in_child(self):
+        # Another thread may have held the stream lock or a stream's buffer lock at the fork, and does not exist
+        # in the child: fresh ones, or the child's first print would wait forever.
+        if hasattr(self, "stdout"):
+            self.stream_lock = threading.RLock()
+            self._install_streams()
         # A forked child (os.fork, multiprocessing) must never speak the protocol.
         watch = getattr(self, "_stdin_watch", None)
         fds = [self.proto_out, self.proto_in.fileno(), self.stdio_out] + ([watch.fileno()] if watch else [])
