@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from env_server.environments.files import RepoLimits
 from env_server.sandbox.config import PoolConfig, SandboxConfig
 
 _config_file: ContextVar[Path | None] = ContextVar("tito_config_file", default=None)
@@ -93,6 +94,12 @@ class ServerConfig(BaseSettings):
         description="Sandbox image per environment name, over the environment's own choice (e.g. "
                     "{python_scientific: my-registry/sci:1}); environments not named use theirs, else sandbox.image.",
     )
+    task_images: list[str] = Field(
+        default_factory=lambda: ["tito-task-*"],
+        description="Sandbox images a session may ask for with env_args `image` (fnmatch patterns), e.g. a SWE-style "
+                    "task's own image with its repository and dependencies. Every image runs with the same hardening; "
+                    "[] allows none.",
+    )
     max_message_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest gRPC request or response.")
     max_tokenizer_bytes: int = Field(128 * 1024 * 1024, ge=1024,
                                      description="Largest RegisterTokenizer upload (all files together).")
@@ -103,6 +110,8 @@ class ServerConfig(BaseSettings):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
+    coding: RepoLimits = Field(default_factory=RepoLimits,
+                               description="Limits of the repository a `coding` session sends (env_args files, hidden_files).")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
     tls: TlsConfig = Field(default_factory=TlsConfig)

@@ -25,6 +25,7 @@ from env_server.rendering import (InvalidTokenizerFilesError, RenderingContext, 
                                   UnsupportedTemplateError, UploadTooLargeError)
 from env_server.sandbox.docker_sandbox import new_session_id
 from env_server.sandbox.pool import SandboxPool
+from env_server.sandbox.pools import TASK_IMAGE_BUILD_HINT, SandboxPools
 from env_server.sessions import Session, SessionRegistry
 from tito.types import (EnvironmentInfo, Message, OpenedSession, OpenSessionRequest, RegisterTokenizerRequest,
                         StepRequest, StepResult, TokenizerRegistration)
@@ -39,7 +40,7 @@ _REMEMBERED_OPENINGS = 4096
 class Engine:
     config: ServerConfig
     environments: dict[str, type[Environment]]
-    pools: dict[str, SandboxPool]  # environment name -> the pool of its image (sandboxed environments)
+    pools: SandboxPools  # one per image: the environments' (by name) and task images' (made at first open)
     tokenizers: TokenizerRegistry
     sessions: SessionRegistry
     metrics: ServerMetrics
@@ -81,7 +82,7 @@ class Engine:
                                f"unknown environment {quote(request.environment)}; this server offers: {known}")
         renderer = self._renderer(request.tokenizer_fingerprint)
         try:
-            env_args = env_cls.parse_env_args(request.env_args_json)
+            env_args = env_cls.parse_env_args(request.env_args_json, context={"config": self.config})
         except ValueError as e:
             raise RequestError(ErrorKind.INVALID_ARGUMENT, str(e)) from e
         info = env_cls.info()
@@ -95,9 +96,10 @@ class Engine:
                     ErrorKind.INVALID_ARGUMENT,
                     f"the chat template could not render the opening messages: {type(e).__name__}: {e}",
                 ) from e
-        if env_cls.needs_sandbox and not self.pools[env_cls.name].ready:
+        pool = await self._pool_for(env_cls, env_args) if env_cls.needs_sandbox else None
+        if pool is not None and not pool.ready:
             raise RequestError(ErrorKind.UNAVAILABLE, f"the sandbox pool of environment {env_cls.name!r} is not "
-                                                      f"ready: {self.pools[env_cls.name].status_detail}")
+                                                      f"ready: {pool.status_detail}")
 
         # The slot is taken before the first await, so concurrent opens cannot overshoot max_sessions.
         with self.sessions.reserve_slot() as reserved:
@@ -106,7 +108,7 @@ class Engine:
                     ErrorKind.RESOURCE_EXHAUSTED,
                     f"the server holds its maximum of {self.sessions.max_sessions} sessions; close some or retry later",
                 )
-            env = await self._start_environment(env_cls, env_args)
+            env = await self._start_environment(env_cls, env_args, pool)
             session_id = env.sandbox.session_id if env.sandbox is not None else new_session_id()
             self.sessions.add(Session(
                 id=session_id, env_name=env_cls.name, episode=Episode(session_id, env, renderer, self.metrics),
@@ -118,16 +120,37 @@ class Engine:
         return OpenedSession(session_id=session_id, prompt_ids=tuple(prompt_ids), tools=info.tools,
                              idle_ttl_s=self.config.idle_ttl_s, hard_ttl_s=self.config.hard_ttl_s)
 
-    async def _start_environment(self, env_cls: type[Environment], env_args: Any) -> Environment:
+    async def _pool_for(self, env_cls: type[Environment], env_args: Any) -> SandboxPool:
+        """The pool of the session's image: a task image the session asks for (if config task_images allows it),
+        else the environment's."""
+        image = env_cls.session_image(env_args)
+        if image is None:
+            return self.pools.of_environment(env_cls.name)
+        if not self.pools.allows(image):
+            allowed = ", ".join(repr(p) for p in self.pools.task_images) or "none"
+            raise RequestError(ErrorKind.INVALID_ARGUMENT,
+                               f"env_args image {quote(image)} is not allowed on this server: the setting task_images "
+                               f"(TITO_TASK_IMAGES) allows {allowed}")
+        pool = await self.pools.task_pool(image)
+        if pool.missing_image:
+            raise RequestError(ErrorKind.FAILED_PRECONDITION,
+                               f"the task image {quote(image)} is not on this server's Docker daemon; "
+                               f"{TASK_IMAGE_BUILD_HINT}")
+        return pool
+
+    async def _start_environment(self, env_cls: type[Environment], env_args: Any,
+                                 pool: SandboxPool | None) -> Environment:
         sandbox = None
-        if env_cls.needs_sandbox:
+        if pool is not None:
             try:
-                sandbox = await self.pools[env_cls.name].acquire()
+                sandbox = await pool.acquire()
             except Exception as e:
                 log.warning("OpenSession(%s) failed: could not start a sandbox: %s", env_cls.name, e)
                 raise RequestError(ErrorKind.UNAVAILABLE, f"could not start a sandbox: {e}") from e
         try:
             env = env_cls(env_args, sandbox)
+            if pool is not None:
+                env.sandbox_factory = pool.acquire
             await env.setup()
         except BaseException as e:
             # Never leave an acquired sandbox behind, not even when the call is cancelled.

@@ -46,6 +46,7 @@ class Episode:
         self.metrics = metrics
         self.done = False
         self.tool_calls_made = 0
+        self.tool_turns = 0  # turns that called tools (the environment's turn_limit counts these)
         self.settled_at = time.monotonic()  # when the last step finished: the idle lease counts from here
         # The last answered (or running) seq and its answer: a retry of it replays the answer.
         self._steps: OnceByKey[int, StepResult] = OnceByKey(capacity=1, name=f"step-{session_id[:12]}")
@@ -121,16 +122,12 @@ class Episode:
         parsed_at = time.perf_counter()
         if not calls:
             self.done = True
-            end = await self.env.end(final_text)
-            ended = time.perf_counter()
-            timing = _timing(started, parsed_at, ended, ended)
-            if end.lost:  # the environment could not score the episode: no reward that is not the model's
-                return StepResult(seq=turn.seq, status=StepStatus.ERROR, timing=timing,
-                                  detail=f"the environment could not end the episode: {end.lost_reason}")
-            return StepResult(seq=turn.seq, status=StepStatus.EPISODE_END, reward=end.reward, detail=end.content,
-                              timing=timing)
+            ended = await self._end(StepResult(seq=turn.seq, status=StepStatus.EPISODE_END), final_text)
+            done_at = time.perf_counter()
+            return dataclasses.replace(ended, timing=_timing(started, parsed_at, done_at, done_at))
 
         results = await self._run_calls(calls)
+        self.tool_turns += 1
         tools_done = time.perf_counter()
         messages = tuple(Message.tool_result(c, r.content) for c, r in zip(calls, results))
         rewards = [r.reward for r in results if r.reward is not None]
@@ -139,15 +136,28 @@ class Episode:
             reward=rewards[-1] if rewards else None, truncated=any(r.truncated for r in results),
         )
         lost = next((r for r in results if r.lost), None)
+        limit = self.env.turn_limit()
         if lost is not None:
             result = dataclasses.replace(result, status=StepStatus.SANDBOX_LOST,
                                          detail=f"sandbox lost: {lost.lost_reason}; open a new session")
         elif any(r.done for r in results):
             result = dataclasses.replace(result, status=StepStatus.EPISODE_END)
+        elif limit is not None and self.tool_turns >= limit:
+            # The last turn the environment allows: the episode ends, scored as if the model had ended it.
+            result = await self._end(dataclasses.replace(result, status=StepStatus.EPISODE_END), "")
         elif self.renderer is not None:
             result = await self._with_suffix(result, turn.max_suffix_tokens)
         self.done = result.done
         return dataclasses.replace(result, timing=_timing(started, parsed_at, tools_done, time.perf_counter()))
+
+    async def _end(self, result: StepResult, final_text: str) -> StepResult:
+        """`result` ended by the environment's `end(final_text)`: EPISODE_END with its reward and what it said
+        (for the record), or ERROR when the environment could not score it (no reward that is not the model's)."""
+        end = await self.env.end(final_text)
+        if end.lost:
+            return dataclasses.replace(result, status=StepStatus.ERROR, reward=None,
+                                       detail=f"the environment could not end the episode: {end.lost_reason}")
+        return dataclasses.replace(result, status=StepStatus.EPISODE_END, reward=end.reward, detail=end.content)
 
     def _calls_of(self, turn: StepRequest) -> tuple[list[ToolCall], str]:
         """The turn's tool calls (ids assigned, malformed ones marked) and its final text."""

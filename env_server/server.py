@@ -20,7 +20,7 @@ from env_server.environments.loader import load_environments
 from env_server.metrics import ServerMetrics
 from env_server.rendering import TokenizerRegistry
 from env_server.rendering.selfcheck import renderer_self_check
-from env_server.sandbox.pool import SandboxPool
+from env_server.sandbox.pools import SandboxPools
 from env_server.service import EnvironmentService
 from env_server.sessions import Session, SessionRegistry
 from tito.channel_options import server_options
@@ -43,20 +43,13 @@ class EnvServer:
         self.metrics = ServerMetrics()
         self.environments = load_environments(self.config.environments, self.config.load_entry_points)
         # One warm pool per sandbox image; `pool` (sandbox.image) decides health, the others only their
-        # environments' opens. They share the instance id, so their start-up sweeps spare each other.
-        self.pool = SandboxPool(self.config.sandbox, self.config.pool, self.config.server_name, self.instance_id)
-        self.pools_by_image = {self.config.sandbox.image: self.pool}
-        self.env_pools: dict[str, SandboxPool] = {}
+        # environments' opens (and task images, made at their first open, their sessions').
+        self.pools = SandboxPools(self.config.sandbox, self.config.pool, self.config.server_name, self.instance_id,
+                                  self.config.task_images)
+        self.pool = self.pools.main
         for name, env_cls in self.environments.items():
             if env_cls.needs_sandbox:
-                image = (self.config.environment_images.get(name) or env_cls.sandbox_image
-                         or self.config.sandbox.image)
-                if image not in self.pools_by_image:
-                    self.pools_by_image[image] = SandboxPool(
-                        self.config.sandbox.model_copy(update={"image": image}),
-                        self.config.pool.model_copy(update={"target_size": self.config.pool.other_images_target_size}),
-                        self.config.server_name, self.instance_id)
-                self.env_pools[name] = self.pools_by_image[image]
+                self.pools.add_environment(name, self.config.environment_images.get(name) or env_cls.sandbox_image)
         self.tokenizers = TokenizerRegistry(max_entries=self.config.tokenizer_cache_size,
                                             max_upload_bytes=self.config.max_tokenizer_bytes)
         self.sessions = SessionRegistry(self.config.max_sessions, on_closed=self._on_session_closed)
@@ -83,7 +76,7 @@ class EnvServer:
         # every other RPC to max_message_bytes.
         transport = max(self.config.max_message_bytes, self.config.max_tokenizer_bytes + (1 << 20))
         server = grpc.aio.server(options=server_options(transport), interceptors=interceptors)
-        engine = Engine(self.config, self.environments, self.env_pools, self.tokenizers, self.sessions, self.metrics)
+        engine = Engine(self.config, self.environments, self.pools, self.tokenizers, self.sessions, self.metrics)
         service = EnvironmentService(engine, max_message_bytes=self.config.max_message_bytes)
         pb_grpc.add_EnvironmentServicer_to_server(service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -108,8 +101,9 @@ class EnvServer:
         renderer_check = asyncio.create_task(asyncio.to_thread(renderer_self_check))
         # Health follows the pool's transitions (no polling); the pools' figures are read when scraped.
         self.pool.on_change(lambda state: self._update_health())
-        self.metrics.watch_pools(lambda: self.pools_by_image)
-        await asyncio.gather(*(p.start() for p in self.pools_by_image.values()))
+        # A copy: /metrics is served from another thread while task images' pools are added.
+        self.metrics.watch_pools(lambda: dict(self.pools.by_image))
+        await self.pools.start()
         try:
             await renderer_check
             self.renderer_ready = True
@@ -176,8 +170,7 @@ class EnvServer:
             await self._health_server.stop(None)
         await self.sessions.stop_reaper()
         await self.sessions.close_all("server shutdown")
-        for pool in reversed(list(self.pools_by_image.values())):  # the main pool's final sweep last
-            await pool.close()
+        await self.pools.close()
         if self._metrics_http:
             self._metrics_http.shutdown()
         log.info("shut down cleanly")

@@ -45,8 +45,9 @@ class EpisodeRunner:
         self.environment_class = environment
         self.env_args = environment.parse_env_args(json.dumps(dict(env_args or {})))
         config = sandbox_config or SandboxConfig()
-        if environment.sandbox_image and sandbox_config is None:
-            config = config.model_copy(update={"image": environment.sandbox_image})
+        image = environment.session_image(self.env_args) or environment.sandbox_image
+        if image and (sandbox_config is None or environment.session_image(self.env_args)):
+            config = config.model_copy(update={"image": image})
         self.sandbox_config = config
         self.env: Environment | None = None
         self._pool: SandboxPool | None = None
@@ -65,6 +66,8 @@ class EpisodeRunner:
                                        f"start here: {self._pool.status_detail}")
                 sandbox = await self._pool.acquire()
             self.env = self.environment_class(self.env_args, sandbox)
+            if self._pool is not None:
+                self.env.sandbox_factory = self._pool.acquire  # (the pool removes them all at the end)
             await self.env.setup()
         except BaseException:
             await self._close()

@@ -8,7 +8,8 @@
 #                                host's pip into .build/scientific/site (kept; redone when the
 #                                requirements or the Python change)
 #
-# Usage: scripts/build_images.sh [sandbox] [server] [scientific]     (default: all three, in that order)
+# Usage: scripts/build_images.sh [sandbox] [server] [scientific] [tasks]   (default: the first three, in that order)
+#        tasks: the example coding tasks' images (scripts/build_task_images.sh)
 # Env:   TITO_BASE_IMAGE     base of both images (default: what scripts/setup.sh chose, recorded in
 #                            .build/setup.env, else python:3.12-slim)
 #        TITO_SERVER_IMAGE   tag of the server image (tito-env-server:latest)
@@ -96,6 +97,9 @@ for t in "${targets[@]}"; do
             run_build "$SCIENTIFIC_IMAGE" --build-arg "SANDBOX_IMAGE=$SANDBOX_IMAGE" \
                 -f sandbox_images/scientific/Dockerfile "$ctx"
             ;;
-        *) die "unknown target '$t' (sandbox, server, scientific)" ;;
+        tasks)
+            bash scripts/build_task_images.sh
+            ;;
+        *) die "unknown target '$t' (sandbox, server, scientific, tasks)" ;;
     esac
 done

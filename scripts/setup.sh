@@ -10,12 +10,14 @@
 #   5. base image: python:3.12-slim where a registry has it, else tito-base:bookworm made offline by
 #      scripts/bootstrap_base_image.sh (debootstrap); the choice is recorded in .build/setup.env
 #   6. images: tito-sandbox-python:latest, tito-env-server:latest and tito-sandbox-scientific:latest
-#      (scripts/build_images.sh; the last installs numpy/scipy/sympy/pandas/matplotlib with the venv's pip)
+#      (scripts/build_images.sh; the last installs numpy/scipy/sympy/pandas/matplotlib with the venv's pip),
+#      then the example coding tasks' images tito-task-<name>:latest (scripts/build_task_images.sh; seconds)
 #
 # Env switches (all optional):
 #   TITO_SKIP_VENV=1          skip step 1          TITO_SKIP_DOCKER=1        skip steps 2-6
 #   TITO_SKIP_IMAGES=1        skip step 6          TITO_SKIP_SERVER_IMAGE=1  skip the server image
 #   TITO_SKIP_SCIENTIFIC_IMAGE=1  skip the scientific sandbox image
+#   TITO_SKIP_TASK_IMAGES=1   skip the example coding tasks' images
 #   TITO_SANDBOX_RUNTIME=runsc / TITO_INSTALL_RUNSC=1   also install gVisor (Debian's runsc) and register it
 #                             with dockerd as runtime "runsc" (servers use it with sandbox.runtime=runsc)
 #   TITO_PYTHON=/path/python  interpreter for the venv (default: first python3.x >= 3.11 on PATH)
@@ -278,6 +280,10 @@ build_images() {
     if [ "${TITO_SKIP_SCIENTIFIC_IMAGE:-0}" = 1 ]; then log "TITO_SKIP_SCIENTIFIC_IMAGE=1: not building the scientific image"
     elif [ -f sandbox_images/scientific/Dockerfile ]; then targets+=(scientific); fi
     [ ${#targets[@]} -eq 0 ] || bash scripts/build_images.sh "${targets[@]}"
+    if [ "${TITO_SKIP_TASK_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_TASK_IMAGES=1: not building the example task images"
+    elif [ -x scripts/build_task_images.sh ] && [[ " ${targets[*]} " == *" sandbox "* ]]; then
+        bash scripts/build_task_images.sh
+    fi
 }
 
 # ----------------------------------------------------------------------------------------- main

@@ -60,7 +60,7 @@ class EnvConfig(_Strict):
 
 
 class TaskConfig(_Strict):
-    name: Literal["arithmetic", "puzzles", "token_subset"] = "arithmetic"
+    name: Literal["arithmetic", "puzzles", "coding_tasks", "token_subset"] = "arithmetic"
     params: dict[str, Any] = Field(default_factory=dict)
 
 

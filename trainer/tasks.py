@@ -9,6 +9,9 @@
 - `puzzles`: a small fixed pool of interpreter puzzles (big products, modular powers, digit sums,
   prime counts), generated from a seed. Small enough for the tiny demo model to memorize after a
   warm start on demonstrations (examples/demo.yaml); the env checks the final answer.
+- `coding_tasks`: the `coding` environment on task folders (`tito.coding_tasks`: a repository with a bug,
+  an issue, hidden tests); the env grades each episode with the hidden tests in a fresh sandbox
+  (examples/coding_grpo.yaml on examples/coding_tasks). Its teacher applies the known fix.
 
 Tasks that use the interpreter can also act as a *teacher* for the warm start
 (`trainer/warmstart.py`): `demo_specs()` lists the prompts to demonstrate, `teacher_turn()` writes
@@ -22,9 +25,11 @@ import json
 import math
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from tito.answers import answer_matches
+from tito.coding_tasks import load_tasks
 from tito.rollout.state import Rollout, Status
 from tito.types import Message, Role
 from trainer.rollout import RolloutSpec
@@ -53,10 +58,14 @@ class TeacherTask(Protocol):
     def teacher_turn(self, meta: dict[str, Any], turn: int) -> str: ...
 
 
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A Hermes/Qwen tool call, ended by the turn's stop token."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call><|im_end|>"
+
+
 def tool_call_text(code: str) -> str:
     """A Hermes/Qwen tool call of `run_python`, ended by the turn's stop token."""
-    return "<tool_call>\n" + json.dumps({"name": "run_python", "arguments": {"code": code}}) + \
-        "\n</tool_call><|im_end|>"
+    return call_text("run_python", {"code": code})
 
 
 def scripted_turn(meta: dict[str, Any], turn: int) -> str:
@@ -272,6 +281,63 @@ class PuzzleTask:
         return float(rollout.env_reward)
 
 
+EXAMPLE_CODING_TASKS = Path(__file__).resolve().parent.parent / "examples" / "coding_tasks"
+
+
+class CodingTasksTask:
+    """The `coding` environment on a folder of coding tasks (tito.coding_tasks: a repository with a bug, an
+    issue, hidden tests, the known fix). Every step asks `n_prompts` of them (each once before any repeats);
+    the env's reward is the hidden tests' verdict in a fresh sandbox, an unfinished rollout scores 0.
+
+    `max_turns` goes to the env (the episode is graded after that many tool turns): give it the trainer's
+    budget.max_turns, so a rollout that runs out of turns is still graded. `use_images`: each task's own image
+    (scripts/build_task_images.sh), else its repository sent as files. The teacher (for the warm start) applies
+    the known fix with str_replace_editor, one edit a turn, then says it is done."""
+
+    name = "coding_tasks"
+    uses_env = True
+
+    def __init__(self, seed: int = 0, dir: str | None = None, use_images: bool = True, max_turns: int | None = None,
+                 system: str | None = None) -> None:
+        self.seed = seed
+        self.tasks = load_tasks(dir or EXAMPLE_CODING_TASKS)
+        self.use_images = use_images
+        self.max_turns = max_turns
+        self.system = system
+
+    def _spec(self, group: int, index: int) -> RolloutSpec:
+        task = self.tasks[index]
+        messages = task.messages() if self.system is None else task.messages(self.system or None)
+        return RolloutSpec(group=group, messages=messages,
+                           env_args=task.env_args(image=self.use_images, max_turns=self.max_turns),
+                           meta={"task": task.name, "index": index})
+
+    def sample(self, n_prompts: int, step: int) -> list[RolloutSpec]:
+        rng = random.Random(f"{self.seed}:{step}")
+        order: list[int] = []
+        while len(order) < n_prompts:
+            batch = list(range(len(self.tasks)))
+            rng.shuffle(batch)
+            order.extend(batch)
+        return [self._spec(g, i) for g, i in enumerate(order[:n_prompts])]
+
+    def demo_specs(self) -> list[RolloutSpec]:
+        return [self._spec(g, i) for g, i in enumerate(range(len(self.tasks))) if self.tasks[i].fix]
+
+    def teacher_turn(self, meta: dict[str, Any], turn: int) -> str:
+        calls = self.tasks[meta["index"]].fix_calls()
+        if turn < len(calls):
+            return call_text(*calls[turn])
+        if turn == len(calls):
+            return "I fixed the issue.<|im_end|>"
+        raise ValueError(f"the teacher has no turn {turn}")
+
+    def reward(self, rollout: Rollout, decode: Decode | None) -> float:
+        if rollout.status is not Status.COMPLETED:
+            return 0.0
+        return float(rollout.env_reward or 0.0)
+
+
 def make_task(name: str, params: dict[str, Any], *, seed: int, vocab_size: int) -> Task:
     if name == "arithmetic":
         return ArithmeticTask(seed=seed, **params)
@@ -279,4 +345,6 @@ def make_task(name: str, params: dict[str, Any], *, seed: int, vocab_size: int) 
         return TokenSubsetTask(vocab_size=vocab_size, seed=seed, **params)
     if name == "puzzles":
         return PuzzleTask(seed=seed, **params)
-    raise ValueError(f"unknown task {name!r}: choose 'arithmetic', 'puzzles' or 'token_subset'")
+    if name == "coding_tasks":
+        return CodingTasksTask(seed=seed, **params)
+    raise ValueError(f"unknown task {name!r}: choose 'arithmetic', 'puzzles', 'coding_tasks' or 'token_subset'")

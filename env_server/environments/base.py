@@ -31,7 +31,7 @@ import inspect
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, get_type_hints
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Protocol, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -57,6 +57,15 @@ class StrictArgs(BaseModel):
 
 class ToolError(Exception):
     """Raise inside a tool to send the model an error message (the episode goes on)."""
+
+
+class SandboxFactory(Protocol):
+    """Starts a fresh sandbox of the session's own image, hardened like every sandbox and never seen by the
+    model, for work the model must not see or touch: e.g. grading with hidden tests in `end()`. The caller
+    owns it and must `await sandbox.destroy()` it. Raises (SandboxError and the like) when none can start:
+    an infrastructure failure, not the model's."""
+
+    async def __call__(self) -> Sandbox: ...
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,10 @@ class Environment:
             tools[spec.name] = BoundTool(spec, model, attr)
         cls._tools = tools
 
+    # Set by the server (and env_server.testing) on sandboxed environments before `setup()`: more sandboxes of
+    # the session's image, e.g. a fresh one to grade in. None where there is no sandbox.
+    sandbox_factory: SandboxFactory | None = None
+
     def __init__(self, env_args: BaseModel, sandbox: Sandbox | None = None) -> None:
         self.env_args = env_args
         self.sandbox = sandbox
@@ -135,10 +148,22 @@ class Environment:
         """Called once when the session ends. The server destroys the sandbox itself."""
 
     async def end(self, final_text: str) -> ToolResult:
-        """The episode's end: the model answered `final_text` without calling a tool. Return its
-        reward (`ToolResult(content=..., done=True, reward=...)`; None: no reward), or a `lost_reason`
-        when the environment itself failed to score it. The default gives no reward."""
+        """The episode's end: the model answered `final_text` without calling a tool (or used its last turn,
+        see `turn_limit`; final_text is then ""). Return its reward (`ToolResult(content=..., done=True,
+        reward=...)`; the content goes to the rollout's record, never to the model; None: no reward), or a
+        `lost_reason` when the environment itself failed to score it. The default gives no reward."""
         return ToolResult(content="", done=True)
+
+    def turn_limit(self) -> int | None:
+        """How many tool-calling turns the episode has: after the last, the step engine ends the episode
+        through `end("")`, so it is scored like one the model ended. None (the default): no limit."""
+        return None
+
+    @classmethod
+    def session_image(cls, env_args: BaseModel) -> str | None:
+        """The sandbox image this session asks for (a task's own image), over the environment's; the server
+        allows it only if config task_images does. None (the default): the environment's image."""
+        return None
 
     # -- introspection ---------------------------------------------------
 
@@ -153,11 +178,12 @@ class Environment:
                                env_args_schema=cls.EnvArgs.model_json_schema())
 
     @classmethod
-    def parse_env_args(cls, env_args_json: str) -> BaseModel:
-        """Validate OpenSession.env_args; raises ValueError with a message meant for the client."""
+    def parse_env_args(cls, env_args_json: str, context: dict[str, Any] | None = None) -> BaseModel:
+        """Validate OpenSession.env_args; raises ValueError with a message meant for the client. `context` is
+        pydantic's validation context: the server passes {"config": its ServerConfig}, for limits it sets."""
         text = env_args_json.strip() or "{}"
         try:
-            return cls.EnvArgs.model_validate_json(text)
+            return cls.EnvArgs.model_validate_json(text, context=context)
         except ValidationError as e:
             raise ValueError(f"env_args for environment {cls.name!r} are invalid: {_short_errors(e)}") from e
 

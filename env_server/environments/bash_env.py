@@ -8,8 +8,18 @@ from pydantic import Field
 
 from env_server.environments.base import StrictArgs, tool
 from env_server.environments.sandboxed import SandboxedEnvironment
+from env_server.sandbox.docker_sandbox import Sandbox, SandboxError
 from env_server.sandbox.result import ExecResult
 from tito.types import ToolResult
+
+
+async def start_shell(sandbox: Sandbox) -> None:
+    """Starts the session's bash now (its first command), so the first tool call does not wait for it.
+    Raises SandboxError saying why it could not."""
+    started = await sandbox.run_shell("true")
+    if not started.ok:
+        why = started.lost_reason or started.error or "timed out"
+        raise SandboxError(f"could not start bash in the sandbox: {why.strip().splitlines()[-1][:300]}")
 
 
 class RunBashArgs(StrictArgs):
@@ -29,10 +39,7 @@ class BashEnvironment(SandboxedEnvironment):
     async def setup(self) -> None:
         await super().setup()  # the seeded files first: the shell starts among them
         assert self.sandbox is not None
-        started = await self.sandbox.run_shell("true")
-        if not started.ok:
-            why = started.lost_reason or started.error or "timed out"
-            raise RuntimeError(f"could not start bash in the sandbox: {why.strip().splitlines()[-1][:300]}")
+        await start_shell(self.sandbox)
 
     @tool
     async def run_bash(self, args: RunBashArgs) -> ToolResult:

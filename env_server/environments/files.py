@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from env_server.errors import quote
 
 if TYPE_CHECKING:
@@ -41,13 +43,26 @@ def check_path(path: str) -> str:
     return path
 
 
-def check_files(files: dict[str, str]) -> dict[str, str]:
-    """`files` if within the limits and every path is safe; ValueError saying what is wrong otherwise."""
-    if len(files) > MAX_FILES:
-        raise ValueError(f"{len(files)} files; at most {MAX_FILES}")
+class RepoLimits(BaseModel):
+    """Limits of a repository sent as files (the `coding` environment's env_args `files` and `hidden_files`;
+    server config `coding`). The files travel in OpenSession, so max_message_bytes bounds them too."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_files: int = Field(5000, ge=1, description="Files in env_args files (and in hidden_files), each.")
+    max_bytes: int = Field(8 * 1024 * 1024, ge=1, description="Bytes in env_args files (and in hidden_files), each.")
+
+
+def check_files(files: dict[str, str], max_files: int = MAX_FILES, max_bytes: int = MAX_TOTAL_BYTES,
+                setting: str = "") -> dict[str, str]:
+    """`files` if within the limits and every path is safe; ValueError saying what is wrong otherwise
+    (naming `setting`, the server setting that moves the limits, if any)."""
+    where = f" (server setting {setting})" if setting else ""
+    if len(files) > max_files:
+        raise ValueError(f"{len(files)} files; at most {max_files}{where}")
     total = sum(len(c.encode("utf-8", "surrogatepass")) for c in files.values())
-    if total > MAX_TOTAL_BYTES:
-        raise ValueError(f"the files hold {total} bytes; at most {MAX_TOTAL_BYTES} in all")
+    if total > max_bytes:
+        raise ValueError(f"the files hold {total} bytes; at most {max_bytes} in all{where}")
     for path in files:
         check_path(path)
     paths = set(files)
@@ -59,11 +74,17 @@ def check_files(files: dict[str, str]) -> dict[str, str]:
     return files
 
 
-async def seed_files(sandbox: Sandbox, files: dict[str, str]) -> None:
-    """Writes the files in the sandbox; raises RuntimeError (a failed set-up) if it could not."""
+def encoded(files: dict[str, str]) -> dict[str, bytes]:
+    """Text files as the bytes written in the sandbox."""
+    return {p: c.encode("utf-8", "surrogatepass") for p, c in files.items()}
+
+
+async def seed_files(sandbox: Sandbox, files: dict[str, str], replace: bool = False) -> None:
+    """Writes the files in the sandbox (`replace`: over files already there); raises RuntimeError (a failed
+    set-up) if it could not."""
     if not files:
         return
     try:
-        await sandbox.write_files({p: c.encode("utf-8", "surrogatepass") for p, c in files.items()})
+        await sandbox.write_files(encoded(files), replace=replace)
     except Exception as e:
         raise RuntimeError(f"could not write the seeded files: {e}") from e

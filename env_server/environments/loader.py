@@ -13,6 +13,7 @@ from importlib.metadata import entry_points
 
 from env_server.environments.base import Environment
 from env_server.environments.bash_env import BashEnvironment
+from env_server.environments.coding_env import CodingEnvironment
 from env_server.environments.python_env import PythonEnvironment, ScientificPythonEnvironment
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ class EnvironmentLoadError(RuntimeError):
 
 def load_environments(module_paths: list[str], use_entry_points: bool = True) -> dict[str, type[Environment]]:
     found: dict[str, type[Environment]] = {
-        cls.name: cls for cls in (PythonEnvironment, ScientificPythonEnvironment, BashEnvironment)}
+        cls.name: cls for cls in (PythonEnvironment, ScientificPythonEnvironment, BashEnvironment, CodingEnvironment)}
     if use_entry_points:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             # A broken third-party plug-in must not stop the server: log it and go on.

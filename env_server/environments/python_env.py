@@ -75,11 +75,12 @@ def format_exec_result(r: ExecResult) -> str:
     if r.stdout_truncated or r.stderr_truncated:
         parts.append("[output truncated: too much output]")
     if r.background_dropped:
-        parts.append(f"[{r.background_dropped} bytes of output written between calls by code still running in the "
-                     "background were dropped]")
+        by = f" (threads: {r.background_writers})" if r.background_writers else ""
+        parts.append(f"[{r.background_dropped} bytes of output written by code running in the background{by} were "
+                     "dropped]")
     if r.background_threads:
-        parts.append(f"[still running in the background: {r.background_threads}; what they print while a call "
-                     "runs shows in that call]")
+        parts.append(f"[still running in the background: {r.background_threads}; what threads started by a call "
+                     "print shows in that call only]")
     if r.timed_out and not r.lost:
         parts.append("[timed out: execution was interrupted; variables defined before the interrupt are kept]")
     if r.lost:

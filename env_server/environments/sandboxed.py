@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from env_server.environments.base import Environment
 from env_server.environments.files import MAX_FILES, MAX_TOTAL_BYTES, check_files, seed_files
 
+# A Docker image reference: [registry[:port]/]name[:tag][@digest], lower-case names.
+IMAGE_PATTERN = r"^[a-z0-9][a-z0-9._/:-]{0,254}(@sha256:[a-f0-9]{64})?$"
+
 
 class SandboxEnvArgs(BaseModel):
     """The env_args every sandboxed built-in environment takes."""
@@ -24,6 +27,12 @@ class SandboxEnvArgs(BaseModel):
                     "paths and no '..'.",
     )
 
+    image: str | None = Field(
+        default=None, pattern=IMAGE_PATTERN,
+        description="The sandbox image of this session (a task's own image, with its repository and dependencies), "
+                    "if the server's task_images setting allows it; default: the environment's.",
+    )
+
     @field_validator("files")
     @classmethod
     def _check_files(cls, files: dict[str, str]) -> dict[str, str]:
@@ -33,6 +42,10 @@ class SandboxEnvArgs(BaseModel):
 class SandboxedEnvironment(Environment):
     EnvArgs = SandboxEnvArgs
     needs_sandbox = True
+
+    @classmethod
+    def session_image(cls, env_args: BaseModel) -> str | None:
+        return getattr(env_args, "image", None)
 
     async def setup(self) -> None:
         assert self.sandbox is not None, "a sandboxed environment always gets a sandbox"

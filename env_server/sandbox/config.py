@@ -133,3 +133,6 @@ class PoolConfig(BaseModel):
     docker_threads: int = Field(12, gt=0)  # threads for blocking Docker SDK calls (starts, refill, removals)
     # Environments on another image than sandbox.image (python_scientific) get a pool of their own this size.
     other_images_target_size: int = Field(1, ge=0)
+    # Task images (a session's env_args `image`, allowed by the server's task_images) get a pool at their first
+    # open with this floor: cold until demand is learned, then as warm as the largest recent burst.
+    task_images_target_size: int = Field(0, ge=0)

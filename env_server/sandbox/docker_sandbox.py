@@ -13,7 +13,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
 import docker
@@ -28,6 +28,7 @@ from .startup import SandboxStart
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 class SandboxError(Exception):
@@ -141,14 +142,59 @@ class Sandbox:
         return await self._request("command", command, timeout_s, lambda timeout: protocol.ShellRequest(
             command=command, timeout=timeout, cap=self.config.output_cap_bytes))
 
-    async def write_files(self, files: Mapping[str, bytes]) -> None:
-        """Creates these files (relative path -> bytes, paths already checked) in the working directory.
-        Raises SandboxError saying why it could not (an existing path, the sandbox lost, ...)."""
-        request = protocol.WriteFilesRequest(files={p: base64.b64encode(b).decode("ascii") for p, b in files.items()})
-        size = sum(len(v) for v in request.files.values())
-        if size > self.config.max_code_bytes:
-            raise SandboxError(f"the files are {size} bytes encoded; the limit of one request is "
-                               f"{self.config.max_code_bytes} bytes (sandbox.max_code_bytes)")
+    # -- file operations: typed replies, or SandboxError saying why not ------------------------------
+
+    @property
+    def max_file_bytes(self) -> int:
+        """The largest file one request carries (base64 within sandbox.max_code_bytes)."""
+        return self.config.max_code_bytes * 3 // 4 - 1024
+
+    async def write_files(self, files: Mapping[str, bytes], *, replace: bool = False,
+                          remove: Sequence[str] = ()) -> None:
+        """Creates these files (relative path -> bytes, paths already checked) in the working directory, in as
+        many requests as sandbox.max_code_bytes needs. An existing path is an error unless `replace` (a file or
+        link there is replaced; a folder never is); `remove`: files or links deleted first. Never follows a
+        link. Raises SandboxError saying why it could not (an existing path, the sandbox lost, ...)."""
+        batches: list[dict[str, str]] = [{}]
+        size = 0
+        for path, data in files.items():
+            if len(data) > self.max_file_bytes:
+                raise SandboxError(f"the file {path!r} is {len(data)} bytes; one request carries at most "
+                                   f"{self.max_file_bytes} (sandbox.max_code_bytes {self.config.max_code_bytes})")
+            encoded = base64.b64encode(data).decode("ascii")
+            if batches[-1] and size + len(encoded) > self.config.max_code_bytes:
+                batches.append({})
+                size = 0
+            batches[-1][path] = encoded
+            size += len(encoded)
+        for i, batch in enumerate(batches):
+            request = protocol.WriteFilesRequest(files=batch, replace=replace, remove=list(remove) if i == 0 else [])
+            await self._file_op(request, protocol.FilesWritten)
+
+    async def copy_tree(self, source: str, missing_ok: bool = False) -> int:
+        """Copies the image's folder `source` into the working directory (never over an existing path); how many
+        files and links it copied (0 if there is no such folder and `missing_ok`)."""
+        reply = await self._file_op(protocol.CopyTreeRequest(source=source, missing_ok=missing_ok),
+                                    protocol.FilesWritten)
+        return reply.count
+
+    async def hash_tree(self, skip: Sequence[str] = (), max_files: int = 100_000) -> protocol.TreeHashes:
+        """Digests (sha256), sizes and link targets of the working directory's files, `skip` name patterns left
+        out at any depth."""
+        return await self._file_op(protocol.HashTreeRequest(skip=list(skip), max_files=max_files), protocol.TreeHashes)
+
+    async def read_files(self, paths: Sequence[str]) -> tuple[dict[str, bytes], list[str]]:
+        """The bytes of these files (relative paths) and the paths that are not regular files. The caller keeps
+        each request's files within max_file_bytes all together (the reply's line limit)."""
+        reply = await self._file_op(protocol.ReadFilesRequest(paths=list(paths)), protocol.FilesRead)
+        return {p: base64.b64decode(v) for p, v in reply.files.items()}, list(reply.missing)
+
+    async def edit(self, request: protocol.EditRequest) -> protocol.EditReply:
+        """One command of the session's file editor (runtime/repl_editor.py)."""
+        return await self._file_op(request, protocol.EditReply)
+
+    async def _file_op(self, request: Any, expect: type[R]) -> R:
+        """Sends one file operation and waits for its typed reply (sandbox.exec_timeout_s at most)."""
         async with self._lock:
             if not self.alive:
                 raise SandboxError(f"sandbox lost: {await self._death_reason()}")
@@ -158,13 +204,14 @@ class Sandbox:
             except ChannelClosed:
                 raise SandboxError(f"sandbox lost: {await self._death_reason()}") from None
             except asyncio.TimeoutError:
-                raise SandboxError(f"writing the files took over {self.config.exec_timeout_s:g} s") from None
+                raise SandboxError(f"the sandbox's {request.op} took over {self.config.exec_timeout_s:g} s") from None
         try:
             reply = protocol.parse_reply(message)
         except ValueError as exc:
             raise SandboxError(f"sandbox error: malformed reply ({exc})") from None
-        if not isinstance(reply, protocol.FilesWritten):
+        if not isinstance(reply, expect):
             raise SandboxError(reply.error if isinstance(reply, protocol.ErrorReply) else f"unexpected {reply.type} reply")
+        return reply
 
     async def _request(self, what: str, text: str, timeout_s: float | None,
                        make: Callable[[float], protocol.ExecRequest | protocol.ShellRequest]) -> ExecResult:
@@ -233,7 +280,9 @@ class Sandbox:
             timed_out=reply.timed_out or interrupted, lost_reason=None, duration_ms=duration_ms,
             stdout_dropped=max(0, reply.stdout_dropped), stderr_dropped=max(0, reply.stderr_dropped),
             value_truncated=reply.value_truncated, background_dropped=max(0, reply.background_dropped),
-            background_threads=reply.background_threads[:300], exit_code=reply.exit_code,
+            cwd=reply.cwd[:4096],
+            background_threads=reply.background_threads[:300], background_writers=reply.background_writers[:300],
+            exit_code=reply.exit_code,
             stopped_processes=max(0, reply.stopped_processes), shell_restarted=reply.shell_restarted)
 
     def _lost_result(self, duration_ms: float, *, reason: str | None,

@@ -73,7 +73,8 @@ class PoolState(enum.Enum):
 
 
 class SandboxPool:
-    def __init__(self, sandbox: SandboxConfig, pool: PoolConfig, server_name: str, instance_id: str):
+    def __init__(self, sandbox: SandboxConfig, pool: PoolConfig, server_name: str, instance_id: str,
+                 sweep_at_start: bool = True):
         self.sandbox_config = sandbox
         self.pool_config = pool
         self.server_name = server_name
@@ -88,8 +89,11 @@ class SandboxPool:
         self._wake = asyncio.Event()
         self.state = PoolState.NOT_STARTED
         self.reason: str | None = "sandbox pool not started"  # why it is not READY
+        self.missing_image = False  # the last probe found no such image
         self._listeners: list[Callable[[PoolState], Any]] = []
-        self._swept = False
+        # The start-up sweep of what earlier instances of this server_name left; a pool made while the server
+        # serves (a task image's) leaves it to the pools made at start.
+        self._swept = not sweep_at_start
         self.created_total = 0
         self.failed_total = 0
         self._backoff = 0.0  # seconds to wait before the next refill attempt after failures
@@ -201,13 +205,16 @@ class SandboxPool:
         try:
             await self._run(check)
         except docker.errors.ImageNotFound:
+            self.missing_image = True
             reason = f"sandbox image {image!r} not found; {BUILD_HINT}"
         except MissingRuntime as exc:
             reason = str(exc)
         except (docker.errors.DockerException, OSError) as exc:
+            self.missing_image = False
             reason = (f"Docker daemon unreachable ({exc}); start dockerd or set DOCKER_HOST, "
                       f"and make sure the image {image!r} exists ({BUILD_HINT})")
         else:
+            self.missing_image = False
             if not self._swept:
                 self._swept = True
                 await self.sweep()
@@ -233,8 +240,10 @@ class SandboxPool:
             log.info("swept %d leftover sandbox container(s) of server %r", removed, self.server_name)
         return removed
 
-    async def close(self) -> None:
-        """Destroys everything this instance started (pooled, handed out, being created)."""
+    async def close(self, instance_wide: bool = True) -> None:
+        """Destroys everything this pool started (pooled, handed out, being created). `instance_wide`: then
+        also sweeps every container and socket folder of the instance (a create that raced the cancellation);
+        pools that share the instance id with others still serving (SandboxPools) leave that to the last one."""
         if self._closed:
             return
         self._enter(PoolState.CLOSED)
@@ -251,7 +260,9 @@ class SandboxPool:
             # Lets cleanups of cancelled creates finish (they remove their own containers).
             await asyncio.to_thread(executor.shutdown, wait=True)
         client, self._client = self._client, None
-        if client is not None:
+        if client is not None and not instance_wide:
+            await asyncio.to_thread(client.close)
+        elif client is not None:
             def final_sweep() -> None:
                 # Anything of ours still there (e.g. a create that raced the cancellation).
                 for c in client.api.containers(
@@ -263,8 +274,9 @@ class SandboxPool:
                 await asyncio.to_thread(final_sweep)
             except (docker.errors.DockerException, OSError) as exc:
                 log.warning("final sweep failed: %s", exc)
-        await asyncio.to_thread(remove_instance_dirs, self.sandbox_config.socket_dir, self.server_name,
-                                only=self.instance_id)
+        if instance_wide:
+            await asyncio.to_thread(remove_instance_dirs, self.sandbox_config.socket_dir, self.server_name,
+                                    only=self.instance_id)
 
     # -- sandboxes --------------------------------------------------------------------------------
 

@@ -20,13 +20,16 @@ class ExecResult:
     stdout_dropped: int = 0  # bytes beyond the cap, counted but not kept
     stderr_dropped: int = 0
     value_truncated: bool = False  # the value or traceback was cut to its cap
-    background_dropped: int = 0  # bytes of output written between the previous call and this one, dropped
+    # bytes of output dropped: written between the previous call and this one, or by threads other than the call's
+    background_dropped: int = 0
     background_threads: str = ""  # threads of the code still running after this call (names)
-    # shell commands only (Sandbox.run_shell): the exit status (None: the shell itself exited), the
-    # processes it left running (killed when it returned), whether the shell was started afresh
+    background_writers: str = ""  # threads whose writes were dropped (names)
+    # shell commands only (Sandbox.run_shell): the exit status (the shell's own if it exited), the
+    # processes it left running (killed when it returned), whether the shell was started afresh, where it is
     exit_code: int | None = None
     stopped_processes: int = 0
     shell_restarted: bool = False
+    cwd: str = ""  # the shell's working directory after the command
 
     @property
     def lost(self) -> bool:

@@ -108,8 +108,11 @@ class SandboxStart:
 
     @property
     def _max_line(self) -> int:
+        # A call's reply (worst-case JSON escaping of its capped outputs), or a file operation's: files in
+        # base64 within max_code_bytes, the editor's text, a tree's digests (~100 bytes a file: 40,000 files
+        # in the default 4 MiB).
         c = self.config
-        return 6 * (2 * c.output_cap_bytes + 2 * c.value_cap_chars) + (1 << 16)
+        return max(6 * (2 * c.output_cap_bytes + 2 * c.value_cap_chars), 4 * c.max_code_bytes) + (1 << 16)
 
     async def run(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()

@@ -15,10 +15,25 @@ import pytest
 
 from env_server.environments.python_env import ScientificPythonEnvironment, format_exec_result
 from env_server.sandbox import DEFAULT_IMAGE, PoolConfig, SandboxPool
+from tito.coding_tasks import task_image_tag
+
+# An example coding task's image (scripts/build_task_images.sh): the sandbox image plus a repository.
+TASK_IMAGE = f"tito-task-roman:{task_image_tag()}"
 
 from .conftest import SERVER_NAME, fast_config
 
 pytestmark = pytest.mark.docker
+
+
+def _has_image(name: str) -> bool:
+    client = docker.from_env(timeout=10)
+    try:
+        client.images.get(name)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+    finally:
+        client.close()
 
 
 def _has_runtime(name: str) -> bool:
@@ -32,18 +47,21 @@ def _has_runtime(name: str) -> bool:
         return False
 
 
-# Every hostile test runs in every sandbox image (the scientific one adds native libraries, not
-# privileges) and under gVisor. scripts/test.sh installs runsc and sets TITO_REQUIRE_RUNSC=1; elsewhere
+# Every hostile test runs in every sandbox image (the scientific one adds native libraries, a task image a
+# repository, neither privileges) and under gVisor. scripts/test.sh installs runsc and sets TITO_REQUIRE_RUNSC=1; elsewhere
 # the runsc cases skip when dockerd has no runsc runtime.
 @pytest.fixture(scope="module", params=[
     (DEFAULT_IMAGE, "runc"),
     (ScientificPythonEnvironment.sandbox_image, "runc"),
+    (TASK_IMAGE, "runc"),
     (DEFAULT_IMAGE, "runsc"),
-], ids=["python-image", "scientific-image", "python-image-runsc"])
+], ids=["python-image", "scientific-image", "task-image", "python-image-runsc"])
 async def pool(docker_ok, request):
     image, runtime = request.param
     if runtime == "runsc" and os.environ.get("TITO_REQUIRE_RUNSC") != "1" and not _has_runtime("runsc"):
         pytest.skip("dockerd has no runsc runtime (TITO_INSTALL_RUNSC=1 scripts/setup.sh registers it)")
+    if image == TASK_IMAGE and not _has_image(image):
+        pytest.skip(f"task image {image} missing: scripts/build_task_images.sh (setup runs it) builds it")
     p = SandboxPool(fast_config(image=image, runtime=runtime),
                     PoolConfig(target_size=2, max_concurrent_creates=2, learn_demand=False),
                     # Its own server name: a pool's start-up sweep removes its server name's other instances.
@@ -187,6 +205,34 @@ async def test_background_work_does_not_break_later_calls_or_other_sessions(pool
     finally:
         await a.destroy()
         await b.destroy()
+
+
+async def test_a_flooding_thread_never_crowds_out_a_calls_own_output(sandbox):
+    # A daemon thread prints at full speed (stdout and stderr) while 20 calls each print their own marker.
+    cap = sandbox.config.output_cap_bytes
+    r = await sandbox.execute(
+        "import sys, threading\n"
+        "def flood():\n    while True:\n        print('flood' * 20)\n        print('FLOOD', file=sys.stderr)\n"
+        "threading.Thread(target=flood, name='flooder', daemon=True).start()\n'started'")
+    assert r.value == "'started'", r
+    assert len(r.stdout.encode()) <= cap  # while the call that started it runs, the thread is the call's own
+    dropped = 0
+    for i in range(20):
+        r = await sandbox.execute(f"print('marker-{i}')\n{i}")
+        assert r.ok and r.value == str(i), r
+        assert r.stdout == f"marker-{i}\n" and r.stderr == "", r.stdout[:200]
+        assert not r.truncated and len(r.stdout.encode()) < cap
+        # (A call shorter than the interpreter's switch interval may see no write of the thread at all.)
+        assert r.background_writers in ("flooder", "") and r.background_threads == "flooder", r
+        dropped += r.background_dropped
+    assert dropped > 0
+    r = await sandbox.execute("import time\ntime.sleep(0.05)\nprint('marker')")
+    note = format_exec_result(r)
+    assert note.startswith("marker\n[") and "(threads: flooder) were dropped" in note, note
+    # Threads a call starts are the call's own, also writing through sys.stdout.buffer; the flood stays out.
+    r = await sandbox.execute("import threading\nt = threading.Thread(target=lambda: print('child', flush=True))\n"
+                              "t.start(); t.join()\nsys.stdout.buffer.write(b'bytes\\n')\nprint('parent')")
+    assert r.stdout == "child\nbytes\nparent\n", r
 
 
 async def test_network_is_isolated(sandbox):

@@ -38,3 +38,20 @@ def test_malformed_replies_become_a_failure_not_an_exception(message):
         protocol.parse_reply(message)
     result = Sandbox._to_result(message, interrupted=False, duration_ms=1.0)  # noqa: SLF001
     assert result.error and result.error.startswith("sandbox error") and not result.lost
+
+
+def test_file_operations_round_trip_and_their_containers_are_typed():
+    for request in (protocol.WriteFilesRequest(files={"a": "eA=="}, replace=True, remove=["b"], id=2),
+                    protocol.EditRequest(command="view", path="/w/a.py", root="/w", view_range=[1, -1], id=3),
+                    protocol.HashTreeRequest(skip=["*.pyc"], max_files=10, id=4)):
+        assert protocol.parse_request(protocol.decode(protocol.encode(request))) == request
+    reply = protocol.TreeHashes(id=4, files={"a": "00"}, sizes={"a": 1}, links={"l": "/x"}, skipped=["f"])
+    assert protocol.parse_reply(protocol.decode(protocol.encode(reply))) == reply
+    for bad in ({"type": "tree_hashes", "id": 1, "sizes": {"a": "1"}},
+                {"type": "tree_hashes", "id": 1, "sizes": {"a": True}},
+                {"type": "files_read", "id": 1, "missing": [1]},
+                {"type": "edit", "id": 1, "outcome": "error", "lines": ["2"]}):
+        with pytest.raises(ValueError):
+            protocol.parse_reply(bad)
+    with pytest.raises(ValueError):
+        protocol.parse_request({"op": "edit", "command": "view", "path": "/x", "root": "/", "view_range": [1.5, 2]})

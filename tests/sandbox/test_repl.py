@@ -151,3 +151,18 @@ async def test_oversized_code_is_rejected_without_losing_the_sandbox(sandbox):
     assert r.error and "limit" in r.error and not r.lost
     r = await sandbox.execute("1 + 1")
     assert r.value == "2"
+
+
+async def test_a_child_forked_while_another_thread_prints_can_print(sandbox):
+    # The fork may come while the printing thread holds a stream's lock; the child gets fresh streams.
+    r = await sandbox.execute(
+        "import os, sys, threading, time\nstop = False\n"
+        "def spam():\n    while not stop:\n        print('s' * 50)\n"
+        "t = threading.Thread(target=spam); t.start()\nok = hung = 0\n"
+        "for _ in range(20):\n    pid = os.fork()\n"
+        "    if pid == 0:\n        print('child'); sys.stdout.flush(); os._exit(0)\n"
+        "    for _ in range(100):\n        if os.waitpid(pid, os.WNOHANG)[0]:\n            ok += 1\n            break\n"
+        "        time.sleep(0.01)\n"
+        "    else:\n        hung += 1; os.kill(pid, 9); os.waitpid(pid, 0)\n"
+        "stop = True; t.join()\nok, hung", timeout_s=60)
+    assert r.value == "(20, 0)", r

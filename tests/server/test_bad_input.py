@@ -120,8 +120,8 @@ def test_step_after_sandbox_died(stub):
     try:
         # The REPL answers, then dies between steps.
         r = run(stub, sid, 1, "import os, threading; threading.Timer(0.2, lambda: os._exit(3)).start(); 'armed'")
-        assert r.tool_messages[0].content == ("Out: 'armed'\n[still running in the background: Thread-1; what they "
-                                              "print while a call runs shows in that call]")
+        assert r.tool_messages[0].content == ("Out: 'armed'\n[still running in the background: Thread-1; what threads "
+                                              "started by a call print shows in that call only]")
         import time
 
         time.sleep(1.0)

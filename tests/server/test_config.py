@@ -54,3 +54,12 @@ def test_bad_environment_paths_are_explained():
         load_environments(["json:NoSuchClass"])
     with pytest.raises(EnvironmentLoadError, match="not an Environment subclass"):
         load_environments(["json:JSONDecoder"])
+
+
+def test_task_images_and_repository_limits(monkeypatch):
+    cfg = load_config()
+    assert cfg.task_images == ["tito-task-*"] and cfg.pool.task_images_target_size == 0
+    monkeypatch.setenv("TITO_TASK_IMAGES", '["swe-*", "my/registry:*"]')
+    monkeypatch.setenv("TITO_CODING__MAX_BYTES", "1024")
+    cfg = load_config()
+    assert cfg.task_images == ["swe-*", "my/registry:*"] and cfg.coding.max_bytes == 1024

@@ -39,5 +39,5 @@ def test_demo_config_loads():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    for name in ("demo.yaml", "learn_tokens.yaml"):
+    for name in ("demo.yaml", "learn_tokens.yaml", "coding_grpo.yaml"):
         load_config(root / "examples" / name)

@@ -54,6 +54,9 @@ class RolloutStateError(RuntimeError):
     """A mutation that would break the rollout's invariants (a bug in the caller)."""
 
 
+ENV_DETAIL_RECORD_CHARS = 2000
+
+
 @dataclass
 class TurnRecord:
     """What happened in one assistant turn (for metrics and debugging, never for training ids)."""
@@ -90,6 +93,7 @@ class Rollout:
     abort_cause: AbortCause | None = None
     abort_reason: str | None = None  # "<cause>: <detail>", for logs and metrics
     env_reward: float | None = None  # reward reported by the environment, if any
+    env_detail: str = ""  # what the environment said of the end (StepResult.detail: e.g. the tests' verdict)
     reward: float | None = None  # final reward used for training
     session_id: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # task data (e.g. the expected answer)
@@ -201,10 +205,11 @@ class Rollout:
         self.logprobs.extend([NO_LOGPROB] * len(suffix_ids))
         self.turns[-1].suffix_len += len(suffix_ids)
 
-    def complete(self, env_reward: float | None = None) -> None:
+    def complete(self, env_reward: float | None = None, env_detail: str = "") -> None:
         self._require_running("complete")
         self.status = Status.COMPLETED
         self.env_reward = env_reward
+        self.env_detail = env_detail
 
     def truncate(self, cause: TruncationCause) -> None:
         self._require_running("truncate")
@@ -236,4 +241,6 @@ class Rollout:
             "tool_calls": self.tool_calls,
             "reward": self.reward,
             "attempt": self.attempt,
+            # The record's share of what the environment said of the end (a coding episode's test verdict first).
+            "env_detail": self.env_detail[:ENV_DETAIL_RECORD_CHARS],
         }

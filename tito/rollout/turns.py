@@ -119,7 +119,8 @@ def after_step(r: Rollout, answer: StepResult | BaseException, limits: TurnLimit
     The status is the one authority: OK appends the suffix ids verbatim (mask 0) unless they would
     pass the suffix budget (truncated:tool_overflow, also for a server that ignored the budget) or
     this was the last allowed turn (truncated:max_turns, the suffix not appended); EPISODE_END
-    completes with the environment's reward; SUFFIX_OVERFLOW truncates; SANDBOX_LOST and ERROR abort.
+    completes with the environment's reward (and its detail, for the record); SUFFIX_OVERFLOW truncates;
+    SANDBOX_LOST and ERROR abort.
     """
     if isinstance(answer, BaseException):
         r.abort(AbortCause.ENV_CALL_FAILED, f"{type(answer).__name__}: {answer}")
@@ -138,7 +139,7 @@ def after_step(r: Rollout, answer: StepResult | BaseException, limits: TurnLimit
             r.append_env(answer.suffix_ids)
             return True
         case StepStatus.EPISODE_END:
-            r.complete(answer.reward)
+            r.complete(answer.reward, answer.detail)
         case StepStatus.SUFFIX_OVERFLOW:
             r.truncate(TruncationCause.TOOL_OVERFLOW)
         case StepStatus.SANDBOX_LOST:

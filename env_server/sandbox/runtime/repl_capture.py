@@ -1,6 +1,14 @@
-"""Capture of a call's stdout/stderr in the sandbox REPL: pipes drained by reader threads into
-per-call capped buffers, so output is capped while it is produced (stdlib only)."""
+"""Capture of a call's stdout/stderr in the sandbox REPL (stdlib only).
 
+- fd level (`PipeCapture`): fds 1/2 are pipes drained by reader threads into per-call capped buffers,
+  so output is capped while it is produced; subprocesses and C code write here.
+- Python level (`ThreadRoutedStream`): sys.stdout/sys.stderr route each write by the thread that
+  makes it: the call's own threads (the one running the call and the threads started during the call)
+  write to the capture pipe; any other thread's writes are counted in `BackgroundWrites` and dropped,
+  so a thread left running by an earlier call can never crowd a call's own output out of its cap.
+"""
+
+import io
 import os
 import threading
 import time
@@ -125,3 +133,121 @@ class PipeCapture:
                     break
                 self.cond.wait(left)
         return sink
+
+
+class BackgroundWrites:
+    """What threads other than the call's wrote through sys.stdout/sys.stderr: counted, never kept
+    (bytes, and the names of the threads that wrote, at most MAX_NAMES of them remembered)."""
+
+    MAX_NAMES = 64
+    SHOWN = 5
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.bytes = 0
+        self.names = {}  # name -> None, in order of first write
+
+    def add(self, size, name):
+        with self.lock:
+            self.bytes += size
+            if len(self.names) < self.MAX_NAMES:
+                self.names.setdefault(name, None)
+
+    def take(self):
+        """(bytes, "name, name and N more") written since the last take; resets both."""
+        with self.lock:
+            size, names = self.bytes, list(self.names)
+            self.bytes, self.names = 0, {}
+        shown = ", ".join(n[:40] for n in names[:self.SHOWN])
+        more = len(names) - self.SHOWN
+        return size, shown + (" and %d%s more" % (more, "+" if len(names) >= self.MAX_NAMES else "") if more > 0 else "")
+
+
+class ThreadRoutedStream(io.TextIOBase):
+    """A text stream for sys.stdout/sys.stderr that sends what the call's own threads write to `target`
+    (a stream on the capture pipe) and counts what any other thread writes in `background`.
+
+    `lock` is held by every write that goes to the target, and by the REPL while it ends a call (it stops
+    counting threads as the call's under it, then flushes): so no write decided "the call's" can land in the
+    target's buffer after the call's end and be flushed into a later call's output."""
+
+    def __init__(self, target, is_call_thread, background, lock):
+        super().__init__()
+        self._target = target
+        self._is_call_thread = is_call_thread
+        self._background = background
+        self._lock = lock
+        self.buffer = _RoutedBinary(self)
+
+    def _route(self, data, size, to_target):
+        if self._is_call_thread():
+            with self._lock:
+                if self._is_call_thread():  # again under the lock: the call may have ended meanwhile
+                    return to_target(data)
+        self._background.add(size, threading.current_thread().name)
+        return len(data)
+
+    # what print() and friends use
+    def write(self, s):
+        if self.closed:
+            raise ValueError("I/O operation on closed file.")
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+        return self._route(s, len(s.encode("utf-8", "backslashreplace")), self._target.write)
+
+    def write_bytes(self, b):
+        def to_target(data):
+            self._target.flush()
+            return self._target.buffer.write(data)
+
+        return self._route(b, len(b), to_target)
+
+    def flush(self):
+        if not self.closed and self._is_call_thread():
+            with self._lock:
+                self._target.flush()
+
+    def flush_target(self):
+        """Flushes what the call's threads wrote (at the call's end; the caller holds the lock)."""
+        self._target.flush()
+
+    def fileno(self):
+        return self._target.fileno()
+
+    def isatty(self):
+        return False
+
+    def writable(self):
+        return True
+
+    @property
+    def encoding(self):
+        return self._target.encoding
+
+    @property
+    def errors(self):
+        return self._target.errors
+
+    @property
+    def line_buffering(self):
+        return self._target.line_buffering
+
+
+class _RoutedBinary(io.RawIOBase):
+    """`sys.stdout.buffer`: bytes, routed like the text stream's writes."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self._stream = stream
+
+    def write(self, b):
+        return self._stream.write_bytes(bytes(b))
+
+    def writable(self):
+        return True
+
+    def flush(self):
+        self._stream.flush()
+
+    def fileno(self):
+        return self._stream.fileno()

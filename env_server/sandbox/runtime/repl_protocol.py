@@ -13,17 +13,25 @@ the unix socket when the REPL could reach it ("socket"), else over the same stdi
     exec         host -> REPL   run Python code          ExecRequest(id, code, timeout, cap, value_cap)
     shell        host -> REPL   run a command in the     ShellRequest(id, command, timeout, cap)
                                 session's persistent bash (started at the first one; repl_shell.py)
-    write_files  host -> REPL   create files (never      WriteFilesRequest(id, files)
-                                over an existing one)
+    write_files  host -> REPL   create files (never over WriteFilesRequest(id, files, replace, remove)
+                                an existing one unless `replace`; never through a link)
+    copy_tree    host -> REPL   copy a folder of the     CopyTreeRequest(id, source)
+                                image into the working directory (a task image's repository)
+    hash_tree    host -> REPL   digests of the working   HashTreeRequest(id, skip, max_files)
+                                directory's files (what changed is the host's business)
+    read_files   host -> REPL   files' bytes             ReadFilesRequest(id, paths)
+    edit         host -> REPL   the file editor          EditRequest(id, command, path, root, ...)
+                                (repl_editor.py; the host words the reply for the model)
     ping         host -> REPL                            Ping(id)
-    replies      REPL -> host   ExecReply (exec, shell) | FilesWritten | Pong | ErrorReply(id, error)
+    replies      REPL -> host   ExecReply (exec, shell) | FilesWritten (write_files, copy_tree) | TreeHashes |
+                                FilesRead | EditReply | Pong | ErrorReply(id, error)
 
 A request names its operation in `op`; a request without one is an exec (the first protocol's form).
 """
 
 import json
-from dataclasses import dataclass, fields
-from typing import Any, Dict, Optional, Union
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, List, Optional, Union
 
 # Exit status of a REPL that could not write a reply: its protocol channel was broken.
 EXIT_CHANNEL_BROKEN = 70
@@ -32,6 +40,9 @@ CHANNEL_STDIO = "stdio"
 # Where the host's socket folder is bind-mounted in the sandbox, and how the REPL learns of it.
 SANDBOX_SOCKET_DIR = "/run/tito"
 SANDBOX_SOCKET_PATH = SANDBOX_SOCKET_DIR + "/repl.sock"
+# Where a task image keeps its repository (sandbox_images/task/Dockerfile); the `coding` environment copies it
+# into the working directory when a session opens.
+TASK_REPO_DIR = "/opt/tito-task/repo"
 ENV_SOCKET = "TITO_REPL_SOCKET"
 ENV_TOKEN = "TITO_REPL_TOKEN"
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
@@ -75,8 +86,52 @@ class ShellRequest:
 @dataclass
 class WriteFilesRequest:
     files: Dict[str, str]  # relative path -> content, base64 (the host checked the paths)
+    # True: an existing file (or link) at a path is replaced (removed first, so a link is never followed);
+    # a folder never is. False: an existing path is an error.
+    replace: bool = False
+    remove: List[str] = field(default_factory=list)  # relative paths of files (or links) to delete first
     id: int = 0
     op: str = "write_files"
+
+
+@dataclass
+class CopyTreeRequest:
+    source: str  # an absolute folder of the image (read-only), copied into the working directory
+    missing_ok: bool = False  # no such folder: copies nothing (count 0) instead of an error
+    id: int = 0
+    op: str = "copy_tree"
+
+
+@dataclass
+class HashTreeRequest:
+    skip: List[str] = field(default_factory=list)  # name patterns (fnmatch) of files and folders left out, at any depth
+    max_files: int = 100000
+    id: int = 0
+    op: str = "hash_tree"
+
+
+@dataclass
+class ReadFilesRequest:
+    paths: List[str]  # relative to the working directory
+    id: int = 0
+    op: str = "read_files"
+
+
+@dataclass
+class EditRequest:
+    """One command of the editor (repl_editor.py), arguments as the model wrote them."""
+
+    command: str  # view | create | str_replace | insert | undo_edit
+    path: str
+    root: str  # the folder the editor may touch (resolved paths must stay inside it)
+    file_text: Optional[str] = None
+    old_str: Optional[str] = None
+    new_str: Optional[str] = None
+    insert_line: Optional[int] = None
+    view_range: Optional[List[int]] = None
+    max_chars: int = 16000  # text longer than this comes back cut (`clipped`)
+    id: int = 0
+    op: str = "edit"
 
 
 @dataclass
@@ -100,15 +155,20 @@ class ExecReply:
     timed_out: bool = False
     interrupted: bool = False
     duration_ms: float = 0.0
-    # Bytes written to stdout/stderr between the previous call and this one (by threads or processes the
-    # code left running): dropped, only counted. And the names of threads of the code still running.
+    # Bytes dropped, only counted: written to fds 1/2 between the previous call and this one (by threads or
+    # processes the code left running), and written through sys.stdout/sys.stderr by threads other than the
+    # call's own (since the previous call, this call included). The names of the threads whose writes were
+    # dropped, and of the code's threads still running.
     background_dropped: int = 0
     background_threads: str = ""
-    # shell only: the command's exit status (None: the shell itself exited), how many processes it left
-    # running that were killed when it returned, and whether the shell was started afresh
+    background_writers: str = ""
+    # shell only: the command's exit status (the shell's own if it exited: `exit 3`; None if it was interrupted),
+    # how many processes it left running that were killed when it returned, and whether the shell was started
+    # afresh
     exit_code: Optional[int] = None
     stopped_processes: int = 0
     shell_restarted: bool = False
+    cwd: str = ""  # shell only: the shell's working directory after the command (control characters as '?')
     type: str = "result"
 
 
@@ -117,6 +177,67 @@ class FilesWritten:
     id: Optional[int]
     count: int
     type: str = "files_written"
+
+
+@dataclass
+class TreeHashes:
+    id: Optional[int]
+    files: Dict[str, str] = field(default_factory=dict)  # relative path -> sha256 (hex) of its bytes
+    sizes: Dict[str, int] = field(default_factory=dict)  # relative path -> bytes
+    links: Dict[str, str] = field(default_factory=dict)  # relative path of a symbolic link -> its target
+    skipped: List[str] = field(default_factory=list)  # neither file, folder nor link (fifos, sockets, ...)
+    truncated: bool = False  # more than max_files: the listing stopped there
+    type: str = "tree_hashes"
+
+
+@dataclass
+class FilesRead:
+    id: Optional[int]
+    files: Dict[str, str] = field(default_factory=dict)  # relative path -> content, base64
+    missing: List[str] = field(default_factory=list)  # not a regular file (any more)
+    type: str = "files_read"
+
+
+# EditReply.outcome
+EDIT_OUTCOMES = ("viewed", "listed", "created", "edited", "inserted", "undone", "error")
+# EditReply.error when outcome == "error" (coding_env words each one for the model)
+EDIT_ERRORS = (
+    "relative",  # the path is not absolute (`suggestion`: the absolute path meant, when it exists)
+    "outside",  # the path resolves outside the root
+    "missing",  # no such path
+    "exists",  # create: the path exists
+    "no_parent",  # create: the parent folder does not exist
+    "directory",  # only view works on a folder
+    "not_file",  # neither a regular file nor a folder (a fifo, a device, a socket)
+    "missing_param",  # `detail`: the parameter the command needs
+    "same",  # str_replace: new_str equals old_str
+    "range_on_directory", "bad_range", "range_start", "range_end",  # view_range (`line_count`: lines)
+    "no_match", "multiple",  # str_replace: old_str occurs 0 or >1 times (`lines`: where; `stripped`)
+    "insert_line",  # insert_line outside [0, line_count]
+    "no_history",  # undo_edit: nothing to undo
+    "too_large",  # `detail`: the file's size in bytes
+    "binary",  # not UTF-8 text
+    "os",  # `detail`: "Ran into <the OS error> while trying to read" (or "... to write to"); the path follows
+)
+
+
+@dataclass
+class EditReply:
+    id: Optional[int]
+    outcome: str  # one of EDIT_OUTCOMES
+    error: str = ""  # outcome "error": one of EDIT_ERRORS
+    # The text shown: the file (view, undo_edit: the restored file), a line range (view_range, joined
+    # without its last newline as OpenHands shows it), the snippet around an edit, or the folder listing.
+    text: str = ""
+    start_line: int = 1  # the line number of text's first line
+    clipped: bool = False  # text was cut at the request's max_chars
+    line_count: int = 0  # lines in the file
+    hidden: int = 0  # listed: hidden entries right inside the folder (not shown)
+    lines: List[int] = field(default_factory=list)  # error "multiple": the lines old_str occurs on
+    stripped: bool = False  # str_replace matched, or failed, with old_str/new_str stripped of surrounding whitespace
+    suggestion: str = ""  # error "relative"
+    detail: str = ""  # error "missing_param", "too_large", "os"
+    type: str = "edit"
 
 
 @dataclass
@@ -132,17 +253,24 @@ class ErrorReply:
     type: str = "error"
 
 
-Reply = Union[ExecReply, FilesWritten, Pong, ErrorReply]
-Request = Union[ExecRequest, ShellRequest, WriteFilesRequest, Ping]
-_REPLIES = {"result": ExecReply, "files_written": FilesWritten, "pong": Pong, "error": ErrorReply}
-_REQUESTS = {"exec": ExecRequest, "shell": ShellRequest, "write_files": WriteFilesRequest, "ping": Ping}
+Reply = Union[ExecReply, FilesWritten, TreeHashes, FilesRead, EditReply, Pong, ErrorReply]
+Request = Union[ExecRequest, ShellRequest, WriteFilesRequest, CopyTreeRequest, HashTreeRequest, ReadFilesRequest,
+                EditRequest, Ping]
+_REPLIES = {"result": ExecReply, "files_written": FilesWritten, "tree_hashes": TreeHashes, "files_read": FilesRead,
+            "edit": EditReply, "pong": Pong, "error": ErrorReply}
+_REQUESTS = {"exec": ExecRequest, "shell": ShellRequest, "write_files": WriteFilesRequest, "copy_tree": CopyTreeRequest,
+             "hash_tree": HashTreeRequest, "read_files": ReadFilesRequest, "edit": EditRequest, "ping": Ping}
 _NONE = type(None)
-# isinstance checks for the field types used above (bool is refused where a number is meant).
+# isinstance checks for the field types used above (bool is refused where a number is meant), and the type
+# every element of a container must have.
 _TYPES: Dict[Any, Any] = {
     str: str, Optional[str]: (str, _NONE), int: int, Optional[int]: (int, _NONE),
     float: (int, float), Optional[float]: (int, float, _NONE), bool: bool, Dict[str, str]: dict,
+    Dict[str, int]: dict, List[str]: list, List[int]: list, Optional[List[int]]: (list, _NONE),
 }
 _NUMBERS = (int, float, Optional[int], Optional[float])
+_ELEMENTS: Dict[Any, Any] = {Dict[str, str]: str, Dict[str, int]: int, List[str]: str, List[int]: int,
+                             Optional[List[int]]: int}
 
 
 def encode(message: Any) -> bytes:
@@ -158,15 +286,14 @@ def decode(line: bytes) -> Dict[str, Any]:
     return obj
 
 
-_STR_MAP = Dict[str, str]
 _SPECS: Dict[Any, Any] = {}
 
 
 def _spec(cls: Any) -> Any:
-    """Per message class, once: (name, the types its value may have, is a number, is a str -> str map)."""
+    """Per message class, once: (name, the types its value may have, is a number, its elements' type)."""
     spec = _SPECS.get(cls)
     if spec is None:
-        spec = _SPECS[cls] = [(f.name, _TYPES.get(f.type, object), f.type in _NUMBERS, f.type == _STR_MAP)
+        spec = _SPECS[cls] = [(f.name, _TYPES.get(f.type, object), f.type in _NUMBERS, _ELEMENTS.get(f.type))
                               for f in fields(cls)]
     return spec
 
@@ -174,7 +301,7 @@ def _spec(cls: Any) -> Any:
 def _build(cls: Any, obj: Dict[str, Any]) -> Any:
     """`cls` from the fields of `obj` that have the declared types; raises ValueError otherwise."""
     values = {}
-    for name, expected, number, str_map in _spec(cls):
+    for name, expected, number, element in _spec(cls):
         if name not in obj:
             continue
         value = obj[name]
@@ -182,8 +309,14 @@ def _build(cls: Any, obj: Dict[str, Any]) -> Any:
             raise ValueError("field %r must be a number" % name)
         if not isinstance(value, expected):
             raise ValueError("field %r has type %s" % (name, type(value).__name__))
-        if str_map and not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-            raise ValueError("field %r must map strings to strings" % name)
+        if element is not None and value is not None:
+            if isinstance(value, dict):
+                keys, items = value.keys(), value.values()
+            else:
+                keys, items = (), value
+            if not all(isinstance(k, str) for k in keys) or not all(
+                    isinstance(v, element) and not isinstance(v, bool) for v in items):
+                raise ValueError("field %r must hold %s values" % (name, element.__name__))
         values[name] = value
     try:
         return cls(**values)

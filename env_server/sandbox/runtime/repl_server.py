@@ -16,11 +16,14 @@ reaches EOF (the host went away) the REPL exits, and with it the container.
 import ast
 import base64
 import builtins
+import fnmatch
+import hashlib
 import io
 import linecache
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -29,7 +32,8 @@ import traceback
 # python3 -I leaves the script's folder off sys.path: the protocol and capture modules sit beside it.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import repl_protocol as protocol  # noqa: E402
-from repl_capture import PipeCapture  # noqa: E402
+from repl_capture import BackgroundWrites, PipeCapture, ThreadRoutedStream  # noqa: E402
+from repl_editor import Editor  # noqa: E402
 from repl_shell import Shell  # noqa: E402
 
 del sys.path[0]
@@ -60,15 +64,22 @@ class Repl:
         os.dup2(self.devnull, 0)
         self.out = PipeCapture(1)
         self.err = PipeCapture(2)
+        self.busy = False  # a call runs: the alarm and SIGINT interrupt it
+        self.capturing = False  # a call's threads write to the capture (ends under stream_lock, after busy)
+        self.call_id = 0  # which call is running (or ran last); threads started during it carry it
+        self.main_ident = threading.get_ident()
+        self.background = BackgroundWrites()
+        self.stream_lock = threading.RLock()
+        self._tag_new_threads()
         self._restore_fds()
         self._install_streams()
 
-        self.busy = False
         self.interrupted = False
         self.exec_count = 0
         self.globals = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
         self.workdir = os.getcwd()
         self.shell = None  # the session's bash, started by its first shell request
+        self.editor = None  # the session's file editor (its undo history), made by the first edit request
         if self.workdir not in sys.path:
             sys.path.insert(0, self.workdir)  # like `python -c`: files written in the workdir are importable
 
@@ -112,6 +123,11 @@ class Repl:
         os._exit(0)
 
     def _after_fork_in_child(self):
+        # Another thread may have held the stream lock or a stream's buffer lock at the fork, and does not exist
+        # in the child: fresh ones, or the child's first print would wait forever.
+        if hasattr(self, "stdout"):
+            self.stream_lock = threading.RLock()
+            self._install_streams()
         # A forked child (os.fork, multiprocessing) must never speak the protocol.
         watch = getattr(self, "_stdin_watch", None)
         fds = [self.proto_out, self.proto_in.fileno(), self.stdio_out] + ([watch.fileno()] if watch else [])
@@ -127,11 +143,33 @@ class Repl:
         os.dup2(self.out.write_fd, 1)
         os.dup2(self.err.write_fd, 2)
 
+    def _tag_new_threads(self):
+        """Marks every thread started while a call runs, by one of the call's threads, as that call's: what it
+        writes through sys.stdout/sys.stderr during the call is the call's output. (Threads made with the
+        low-level `_thread` module carry no mark: their writes count as background.)"""
+        repl = self
+        start = threading.Thread.start
+
+        def tagged_start(thread, *args, **kwargs):
+            thread._tito_call = repl.call_id if repl.in_call_thread() else 0
+            return start(thread, *args, **kwargs)
+
+        threading.Thread.start = tagged_start
+
+    def in_call_thread(self):
+        """Is the running thread one of the running call's: the one that runs it, or one started during it?"""
+        if not self.capturing:
+            return False
+        if threading.get_ident() == self.main_ident:
+            return True
+        return getattr(threading.current_thread(), "_tito_call", 0) == self.call_id
+
     def _install_streams(self):
         def stream(fd):
             raw = io.FileIO(fd, "wb", closefd=False)
-            return io.TextIOWrapper(io.BufferedWriter(raw, 1 << 16), encoding="utf-8",
+            text = io.TextIOWrapper(io.BufferedWriter(raw, 1 << 16), encoding="utf-8",
                                     errors="backslashreplace", line_buffering=True)
+            return ThreadRoutedStream(text, self.in_call_thread, self.background, self.stream_lock)
 
         self.stdout = stream(1)
         self.stderr = stream(2)
@@ -236,29 +274,155 @@ class Repl:
             reply.stopped_processes = outcome.stopped
             reply.background_dropped += outcome.stopped_output_dropped
             reply.shell_restarted = outcome.restarted
+            reply.cwd = outcome.cwd
         elif reply.timed_out or reply.interrupted:
             reply.shell_restarted = True  # the shell restarts itself when interrupted mid-command
         return reply
 
-    def write_files(self, req):
-        """Creates each file (and its folders) under the working directory; never replaces an existing
-        path or follows a link. The host checked the paths; this checks again, on the real filesystem."""
-        for path, data in req.files.items():
-            parts = path.split("/")
-            if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-                return protocol.ErrorReply(id=req.id, error="bad path %r" % path)
-            folder = self.workdir
-            for part in parts[:-1]:
-                folder = os.path.join(folder, part)
+    # -- files (paths relative to the working directory; the host checked them, this checks again) -------
+
+    def _inside(self, path):
+        """The absolute path of a relative path; ValueError unless every component is a plain name."""
+        parts = path.split("/")
+        if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\x00" in path:
+            raise ValueError("bad path %r" % path)
+        return os.path.join(self.workdir, path)
+
+    def _folders(self, path, make):
+        """Checks (and with `make`, creates) the folders above `path`: real folders, never links.
+        False when one is missing (and not made)."""
+        folder = self.workdir
+        for part in path.split("/")[:-1]:
+            folder = os.path.join(folder, part)
+            if make:
                 try:
                     os.mkdir(folder, 0o755)
+                    continue
                 except FileExistsError:
-                    if os.path.islink(folder) or not os.path.isdir(folder):
-                        return protocol.ErrorReply(id=req.id, error="%r: %r is not a folder" % (path, part))
-            fd = os.open(os.path.join(self.workdir, path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                    pass
+            if os.path.islink(folder) or not os.path.isdir(folder):
+                if not make and not os.path.lexists(folder):
+                    return False
+                raise ValueError("%r: %r is not a folder" % (path, part))
+        return True
+
+    def write_files(self, req):
+        """Creates each file (and its folders) under the working directory; never follows a link. An existing
+        path is an error, or with `replace` a file or link there is removed first (a folder never is).
+        `remove` deletes files or links first (a missing one is fine), and the folders that leaves empty."""
+        for path in req.remove:
+            full = self._inside(path)
+            if self._folders(path, make=False) and os.path.lexists(full):
+                if os.path.isdir(full) and not os.path.islink(full):
+                    raise ValueError("%r is a folder, not a file" % path)
+                os.unlink(full)
+                folder = os.path.dirname(full)
+                while folder != self.workdir and not os.listdir(folder):  # folders it leaves empty go too
+                    os.rmdir(folder)
+                    folder = os.path.dirname(folder)
+        for path, data in req.files.items():
+            full = self._inside(path)
+            self._folders(path, make=True)
+            if req.replace and os.path.lexists(full):
+                if os.path.isdir(full) and not os.path.islink(full):
+                    raise ValueError("%r is a folder, not a file" % path)
+                os.unlink(full)
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             with os.fdopen(fd, "wb") as f:
                 f.write(base64.b64decode(data))
         return protocol.FilesWritten(id=req.id, count=len(req.files))
+
+    def copy_tree(self, req):
+        """Copies the image's folder `source` (files, folders, links as links, the executable bit) into the
+        working directory; never over an existing path. No such folder: nothing, if `missing_ok`."""
+        source = os.path.realpath(req.source)
+        if not os.path.isdir(source):
+            if req.missing_ok and not os.path.lexists(req.source):
+                return protocol.FilesWritten(id=req.id, count=0)
+            raise ValueError("%r is not a folder" % req.source)
+        count = 0
+        for top, folders, files in os.walk(source):
+            rel = os.path.relpath(top, source)
+            target = self.workdir if rel == "." else os.path.join(self.workdir, rel)
+            if rel != ".":
+                os.mkdir(target, 0o755)
+            for name in folders + files:
+                src, dst = os.path.join(top, name), os.path.join(target, name)
+                if os.path.islink(src):
+                    os.symlink(os.readlink(src), dst)
+                    count += 1
+                    if name in folders:
+                        folders.remove(name)  # (os.walk does not enter it: links are copied as links)
+                elif name in files and stat.S_ISREG(os.lstat(src).st_mode):
+                    mode = 0o755 if os.lstat(src).st_mode & 0o111 else 0o644
+                    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+                    with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+                        while True:
+                            chunk = inp.read(1 << 20)
+                            if not chunk:
+                                break
+                            out.write(chunk)
+                    count += 1
+        return protocol.FilesWritten(id=req.id, count=count)
+
+    def hash_tree(self, req):
+        """sha256 and size of every regular file under the working directory, the target of every link; names
+        matching a `skip` pattern (files or folders, at any depth) left out; at most max_files entries."""
+        reply = protocol.TreeHashes(id=req.id)
+        for top, folders, files in os.walk(self.workdir):
+            folders[:] = sorted(f for f in folders if not any(fnmatch.fnmatchcase(f, p) for p in req.skip))
+            for name in sorted(files + [f for f in folders if os.path.islink(os.path.join(top, f))]):
+                if any(fnmatch.fnmatchcase(name, p) for p in req.skip):
+                    continue
+                full = os.path.join(top, name)
+                rel = os.path.relpath(full, self.workdir)
+                if len(reply.files) + len(reply.links) + len(reply.skipped) >= req.max_files:
+                    reply.truncated = True
+                    return reply
+                mode = os.lstat(full).st_mode
+                if stat.S_ISLNK(mode):
+                    reply.links[rel] = os.readlink(full)
+                elif stat.S_ISREG(mode):
+                    digest, size = hashlib.sha256(), 0
+                    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                    with os.fdopen(fd, "rb") as f:
+                        while True:
+                            chunk = f.read(1 << 20)
+                            if not chunk:
+                                break
+                            digest.update(chunk)
+                            size += len(chunk)
+                    reply.files[rel], reply.sizes[rel] = digest.hexdigest(), size
+                else:
+                    reply.skipped.append(rel)
+            folders[:] = [f for f in folders if not os.path.islink(os.path.join(top, f))]
+        return reply
+
+    def read_files(self, req):
+        """The bytes of each regular file (never through a link); others are listed as missing."""
+        reply = protocol.FilesRead(id=req.id)
+        root = os.path.realpath(self.workdir)
+        for path in req.paths:
+            full = self._inside(path)
+            if not os.path.realpath(full).startswith(root + "/"):
+                reply.missing.append(path)
+                continue
+            try:
+                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                reply.missing.append(path)
+                continue
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    reply.missing.append(path)
+                    continue
+                reply.files[path] = base64.b64encode(f.read()).decode("ascii")
+        return reply
+
+    def edit(self, req):
+        if self.editor is None:
+            self.editor = Editor()
+        return self.editor.run(req)
 
     def _call(self, req, timeout, cap, value_cap, body, keep_value=True):
         """Runs `body()` under the call's capture, cap and timeout: (its ExecReply, what body returned).
@@ -274,6 +438,8 @@ class Repl:
         self._check_streams()
         out_seen, out_between = self.out.begin(cap)
         err_seen, err_between = self.err.begin(cap)
+        self.call_id += 1
+        self.capturing = True
         try:
             try:
                 self.busy = True
@@ -297,17 +463,17 @@ class Repl:
                 error = "%s (traceback unavailable)" % type(exc).__name__
         finally:
             self.busy = False
-            try:
-                sys.stdout.flush()
-            except BaseException:  # noqa: BLE001
-                pass
-            try:
-                sys.stderr.flush()
-            except BaseException:  # noqa: BLE001
-                pass
+            with self.stream_lock:
+                self.capturing = False
+                for stream in (self.stdout, self.stderr):  # ours, whatever user code left in sys.stdout/stderr
+                    try:
+                        stream.flush_target()
+                    except BaseException:  # noqa: BLE001
+                        pass
             self._restore_fds()
             out = self.out.end(out_seen)
             err = self.err.end(err_seen)
+            python_dropped, writers = self.background.take()
 
         value, value_cut = self._cap_text(returned if keep_value else None, value_cap)
         error, error_cut = self._cap_text(error, value_cap)
@@ -325,8 +491,9 @@ class Repl:
             timed_out=timed_out,
             interrupted=self.interrupted,
             duration_ms=(time.perf_counter() - t0) * 1000.0,
-            background_dropped=out_between + err_between,
+            background_dropped=out_between + err_between + python_dropped,
             background_threads=self._user_threads(),
+            background_writers=writers,
         )
         return reply, None if keep_value else returned
 
@@ -338,16 +505,27 @@ class Repl:
 
     # -- main loop --------------------------------------------------------------------------------
 
+    # file operations: (method, the errors that are the request's fault and become an ErrorReply saying why)
+    _FILE_OPS = {
+        protocol.WriteFilesRequest: ("write_files", "could not write the files"),
+        protocol.CopyTreeRequest: ("copy_tree", "could not copy the folder"),
+        protocol.HashTreeRequest: ("hash_tree", "could not list the files"),
+        protocol.ReadFilesRequest: ("read_files", "could not read the files"),
+        protocol.EditRequest: ("edit", "the editor failed"),
+    }
+
     def serve_one(self, req):
         if isinstance(req, protocol.Ping):
             return protocol.Pong(id=req.id)
         if isinstance(req, protocol.ShellRequest):
             return self.run_shell(req)
-        if isinstance(req, protocol.WriteFilesRequest):
+        op = self._FILE_OPS.get(type(req))
+        if op is not None:
+            method, what = op
             try:
-                return self.write_files(req)
+                return getattr(self, method)(req)
             except (OSError, ValueError) as exc:  # an existing path, a bad base64 text, a full disk
-                return protocol.ErrorReply(id=req.id, error="could not write the files: %s" % (exc,))
+                return protocol.ErrorReply(id=req.id, error="%s: %s" % (what, exc))
         return self.run(req)
 
     def serve(self):

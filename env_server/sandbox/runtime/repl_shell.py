@@ -28,11 +28,12 @@ import time
 class ShellOutcome:
     """What one command did besides its output."""
 
-    def __init__(self, exit_code, stopped=0, stopped_output_dropped=0, restarted=False):
-        self.exit_code = exit_code  # None: the shell itself exited (it was restarted)
+    def __init__(self, exit_code, stopped=0, stopped_output_dropped=0, restarted=False, cwd=""):
+        self.exit_code = exit_code  # the shell's own exit status if it exited (it was restarted)
         self.stopped = stopped  # processes it left running, killed when it returned
         self.stopped_output_dropped = stopped_output_dropped  # bytes they wrote after the command's end
         self.restarted = restarted
+        self.cwd = cwd  # the shell's working directory after the command ("" if it exited)
 
 
 class Shell:
@@ -67,22 +68,27 @@ class Shell:
 
     def run(self, command):
         """Runs one command; its output goes to fd 1 as it comes. Returns a ShellOutcome."""
+        # The marker line carries the exit status and the working directory (control characters as '?').
         # disown: the jobs stopped below are not reported by bash at the next command (the reply says so instead).
-        line = "eval %s </dev/null; printf '\\n%s %%d\\n' $?; disown -a\n" % (self.quote(command), self.marker)
+        line = ("eval %s </dev/null; printf '\\n%s %%d %%s\\n' $? \"${PWD//[[:cntrl:]]/?}\"; disown -a\n"
+                % (self.quote(command), self.marker))
         try:
             self.proc.stdin.write(line.encode("utf-8", "surrogateescape"))
-            status = self._relay()
+            status, cwd = self._relay()
         except BaseException:  # the call's timeout (or an interrupt): the shell is mid-command
             self.restart()
             raise
         stopped = self._kill_leftovers()
         late = self._drain() if stopped else 0  # what they wrote after the marker: not this command's
-        if status is None:
+        if status is None:  # the shell itself exited (`exit 3`): its status is the command's
+            exited = self.proc.wait()
             self.restart()
-        return ShellOutcome(status, stopped, late, restarted=status is None)
+            return ShellOutcome(exited, stopped, late, restarted=True)
+        return ShellOutcome(status, stopped, late, cwd=cwd)
 
     def _relay(self):
-        """Copies the shell's output to fd 1 up to the marker line; its exit status, or None at EOF."""
+        """Copies the shell's output to fd 1 up to the marker line: (exit status, working directory), or
+        (None, "") at EOF."""
         tag = ("\n" + self.marker + " ").encode()
         pending = b""
         fd = self.proc.stdout.fileno()
@@ -90,7 +96,7 @@ class Shell:
             data = os.read(fd, 65536)
             if not data:
                 os.write(1, pending)
-                return None
+                return None, ""
             pending += data
             at = pending.find(tag)
             if at >= 0:
@@ -98,11 +104,12 @@ class Shell:
                 while end < 0:
                     more = os.read(fd, 65536)
                     if not more:
-                        return None
+                        return None, ""
                     pending += more
                     end = pending.find(b"\n", at + len(tag))
                 os.write(1, pending[:at])
-                return int(pending[at + len(tag):end])
+                status, _, cwd = pending[at + len(tag):end].partition(b" ")
+                return int(status), cwd.decode("utf-8", "replace")
             # Keep back what could be the start of the marker; pass the rest on now.
             keep = len(tag) - 1
             if len(pending) > keep:
