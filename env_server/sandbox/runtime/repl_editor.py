@@ -2,7 +2,7 @@
 
 The REPL runs one `Editor` per session (its undo history lives in the REPL process) and answers each
 `repl_protocol.EditRequest` with a typed `EditReply`: what happened, the text to show and the figures a
-message needs. The host words the message the model reads (env_server/environments/coding_env.py), in
+message needs. The host words the message the model reads (env_server/environments/coding_tools.py), in
 OpenHands' words. What the editor does follows OpenHands' editor (openhands-aci `OHEditor`, the
 `str_replace_editor` tool OpenHands and SWE-agent trajectories use):
 
