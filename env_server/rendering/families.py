@@ -13,20 +13,6 @@ from dataclasses import dataclass, field
 
 from tito.types import call_id
 
-# Family labels by wire format (RegisterTokenizerResponse.template_family).
-LABELS = {
-    "hermes": "qwen",
-    "xml": "qwen-xml",
-    "arg_kv": "glm",
-    "deepseek": "deepseek",
-    "gemma4": "gemma4",
-    "pythonic": "pythonic",
-    "pythonic_raw": "pythonic",
-    "llama3": "llama3",
-    "harmony": "gptoss",
-}
-
-
 def alnum9_id(seq: int, index: int) -> str:
     """A 9-character alphanumeric call id (Mistral's templates refuse any other), unique per step and call."""
     return f"c{seq % 10**5:05d}x{index % 100:02d}"

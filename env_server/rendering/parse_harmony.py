@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-from .parsing import Parsed, RawCall, WireFormat, arguments_object_text
+from .parse_json import arguments_text
+from .parsing import Parsed, RawCall, WireFormat
 from .values import ToolIndex
 
 _HARMONY_MSG = re.compile(
@@ -37,7 +38,7 @@ def parse_harmony(text: str, tools: ToolIndex | None = None) -> Parsed:
             if m.group("end") != "<|call|>":
                 calls.append(RawCall(name, "", f"the call to {name} did not end with <|call|>; write {_EXAMPLE}"))
                 continue
-            arguments, error = arguments_object_text(body, _EXAMPLE)
+            arguments, error = arguments_text(name, body, tools, _EXAMPLE)
             calls.append(RawCall(name, arguments, error))
         elif channel == "analysis":
             reasoning.append(body)
@@ -46,4 +47,4 @@ def parse_harmony(text: str, tools: ToolIndex | None = None) -> Parsed:
     return "".join(content).strip(), ("\n".join(reasoning) if reasoning else None), calls
 
 
-HARMONY = WireFormat("harmony", parse_harmony, _EXAMPLE, delimited_by_stop=True)
+FORMATS = (WireFormat("harmony", parse_harmony, _EXAMPLE, "gptoss", delimited_by_stop=True),)

@@ -7,7 +7,11 @@ import json
 
 import pytest
 
-from env_server.rendering.parse_json import parse_deepseek
+from env_server.rendering.parsing import formats
+
+
+def parse_deepseek(text):
+    return formats()["deepseek"].parse(text, None)
 
 from .helpers import TOOLS, Turn, assistant_message, ctx_for, model_completion
 
