@@ -239,6 +239,8 @@ def _python_list_end(text: str, start: int) -> int | None:
         line_starts.append(line_starts[-1] + len(line))
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text[start:]).readline):
+            if tok.type == tokenize.ERRORTOKEN:  # an unterminated string: not Python (3.12+ raises instead)
+                return None
             if tok.type == tokenize.OP and tok.string in "([{":
                 depth += 1
             elif tok.type == tokenize.OP and tok.string in ")]}":
@@ -266,6 +268,14 @@ def _candidates(text: str, start: int, syn: PythonicSyntax) -> tuple[int, list[t
     return start, [(e, e) for e in brackets]
 
 
+def _clean_after(text: str, pos: int, syn: PythonicSyntax) -> bool:
+    """No stray closing marker between ``pos`` and the next call list (what a cut inside a value leaves)."""
+    if not syn.markers:
+        return True
+    following = text.find(syn.markers[0], pos)
+    return syn.markers[1] not in text[pos:following if following >= 0 else len(text)]
+
+
 def parse_pythonic(syn: PythonicSyntax, text: str, tools: ToolIndex | None = None) -> Parsed:
     spans: list[tuple[int, int, int]] = []
     calls: list[RawCall] = []
@@ -281,12 +291,17 @@ def parse_pythonic(syn: PythonicSyntax, text: str, tools: ToolIndex | None = Non
             break
         body_from, ends = _candidates(text, start, syn)
         found, end, problem = None, 0, ""
-        for body_end, end in ends:
+        for body_end, region_end in ends:
             try:
-                found = _read(text[body_from:body_end], syn, tools)
-                break
+                calls_here = _read(text[body_from:body_end], syn, tools)
             except _Bad as e:
                 problem = problem or f"{e}: {short(text[body_from:body_end].strip())}"
+                continue
+            if found is None:
+                found, end = calls_here, region_end
+            if _clean_after(text, region_end, syn):  # else a value held the closing marker: try a later one
+                found, end = calls_here, region_end
+                break
         if found is None:
             if m is not None and tools and m[1] not in tools:
                 pos = start + 1  # prose in brackets, not a call of this session's tools

@@ -51,12 +51,22 @@ class TagSyntax:
 
 
 def _tags(syn: TagSyntax) -> tuple[re.Pattern, re.Pattern]:
-    """(any opener of a block or call, any markup the balance check counts)."""
-    opens = [syn.call_open.pattern] + ([re.escape(syn.wrap[0])] if syn.wrap else [])
-    closes = [re.escape(syn.param_close), re.escape(syn.call_close)] + ([re.escape(syn.wrap[1])] if syn.wrap else [])
-    markup = (r"(?m)(?P<open>^[ \t]*(?:" + "|".join(opens + [syn.param_open.pattern]) + "))|(?P<close>"
-              + "|".join(closes) + ")")
-    return re.compile("|".join(f"(?:{p})" for p in opens)), re.compile(markup)
+    """(any opener of a block or call, the markup the balance check counts: openers at the start of a line,
+    closers anywhere, each group named by its kind)."""
+    kinds = {"call": (syn.call_open.pattern, re.escape(syn.call_close)),
+             "param": (syn.param_open.pattern, re.escape(syn.param_close))}
+    if syn.wrap:
+        kinds["wrap"] = (re.escape(syn.wrap[0]), re.escape(syn.wrap[1]))
+    opens = [f"(?P<open_{k}>{o})" for k, (o, _) in kinds.items()]
+    closes = [f"(?P<close_{k}>{c})" for k, (_, c) in kinds.items()]
+    markup = r"(?m)^[ \t]*(?:" + "|".join(opens) + ")|" + "|".join(closes)
+    block = "|".join(f"(?:{p})" for p in [syn.call_open.pattern] + ([re.escape(syn.wrap[0])] if syn.wrap else []))
+    return re.compile(block), re.compile(_renumbered(markup))
+
+
+def _renumbered(pattern: str) -> str:
+    """The syntax's patterns capture the name (group 1); inside the markup pattern those groups are dropped."""
+    return re.sub(r"\((?!\?)", "(?:", pattern)
 
 
 class _Reader:
@@ -69,7 +79,8 @@ class _Reader:
         self.failure: tuple[int, str] = (-1, "")
 
     def fail(self, pos: int, message: str) -> None:
-        if pos >= self.failure[0]:
+        """Keep the problem found furthest into the text (the first one found there): what the model is told."""
+        if pos > self.failure[0]:
             self.failure = (pos, message)
 
     # ------------------------------------------------------------ the grammar
@@ -150,13 +161,14 @@ class _Reader:
 
     def unclosed_markup(self, value: str) -> str:
         """The first opening tag (at the start of a line) that the value does not close, or ""."""
-        stack: list[str] = []
+        stack: list[tuple[str, str]] = []  # (kind, the tag as written)
         for m in self.markup.finditer(value):
-            if m["open"]:
-                stack.append(m["open"].strip())
-            elif stack and _closes(m["close"], stack[-1], self.syn):
+            kind, what = m.lastgroup.split("_", 1)[1], m.lastgroup.split("_", 1)[0]
+            if what == "open":
+                stack.append((kind, m[0].strip()))
+            elif stack and stack[-1][0] == kind:
                 stack.pop()
-        return stack[0] if stack else ""
+        return stack[0][1] if stack else ""
 
     # ------------------------------------------------------------ the completion
 
@@ -183,28 +195,32 @@ class _Reader:
             if first is None:
                 message = self.failure[1] or f"the tool call does not read: {short(text[start:], 80)!r}"
                 first = ([RawCall(_name_at(self.syn, text, start), "", f"{message}; write {self.syn.example}")],
-                         self.next_line_opener(start + 1))
+                         self.unread_end(start))
             found, end = first
             spans.append((start, end, end))
             calls.extend(found)
             pos = end
         return outside(text, spans), calls
 
-    def next_line_opener(self, pos: int) -> int:
-        """Where the next block starts on a line of its own (where a call that does not read is taken to end)."""
-        while (m := self.opener.search(self.text, pos)) is not None:
-            if m.start() == 0 or self.text[m.start() - 1] == "\n":
+    def unread_end(self, start: int) -> int:
+        """Where a block that does not read ends: at its closing tag (the first one after which the text is clean:
+        not one inside a value), else where the next block starts on a line of its own, else the text's end.
+        Never inside the block: markup in its values must not become calls."""
+        text, close = self.text, self.syn.wrap[1] if self.syn.wrap else self.syn.call_close
+        at, first = start, -1
+        while (at := text.find(close, at + 1)) >= 0:
+            end = at + len(close)
+            if self.clean_after(end):
+                return end
+            first = end if first < 0 else first
+        if first >= 0:
+            return first
+        pos = _after_opening(self.syn, text, start)
+        while (m := self.opener.search(text, pos)) is not None:
+            if m.start() == 0 or text[m.start() - 1] == "\n":
                 return m.start()
             pos = m.start() + 1
-        return len(self.text)
-
-
-def _closes(close: str, opened: str, syn: TagSyntax) -> bool:
-    if close == syn.param_close:
-        return bool(syn.param_open.match(opened))
-    if close == syn.call_close:
-        return bool(syn.call_open.match(opened))
-    return bool(syn.wrap) and opened == syn.wrap[0]
+        return len(text)
 
 
 def _unframe(value: str, frame: str) -> str:
@@ -216,6 +232,13 @@ def _name_at(syn: TagSyntax, text: str, start: int) -> str:
     at = start + len(syn.wrap[0]) if syn.wrap and text.startswith(syn.wrap[0], start) else start
     m = syn.call_open.match(text, _WS.match(text, at).end())
     return m[1].strip() if m else ""
+
+
+def _after_opening(syn: TagSyntax, text: str, start: int) -> int:
+    """Past the block's opening tag and its first call's: a later block may start from there."""
+    at = start + len(syn.wrap[0]) if syn.wrap and text.startswith(syn.wrap[0], start) else start
+    m = syn.call_open.match(text, _WS.match(text, at).end())
+    return m.end() if m else at + 1
 
 
 def parse_tags(syn: TagSyntax, text: str, tools: ToolIndex | None = None) -> Parsed:

@@ -48,7 +48,7 @@ TOOLS = [
     },
 ]
 
-REGISTRY = TokenizerRegistry(max_entries=32)
+REGISTRY = TokenizerRegistry(max_entries=96)  # every template the walk registers
 _FILES: dict[str, dict[str, bytes]] = {}
 
 
