@@ -269,11 +269,16 @@ def _candidates(text: str, start: int, syn: PythonicSyntax) -> tuple[int, list[t
 
 
 def _clean_after(text: str, pos: int, syn: PythonicSyntax) -> bool:
-    """No stray closing marker between ``pos`` and the next call list (what a cut inside a value leaves)."""
+    """No closing marker after ``pos`` that no opening marker after ``pos`` accounts for (what a cut inside a
+    value leaves behind: the value's own later markup, then the real closing marker)."""
     if not syn.markers:
         return True
-    following = text.find(syn.markers[0], pos)
-    return syn.markers[1] not in text[pos:following if following >= 0 else len(text)]
+    depth = 0
+    for m in re.finditer("|".join(map(re.escape, syn.markers)), text[pos:]):
+        depth += 1 if m[0] == syn.markers[0] else -1
+        if depth < 0:
+            return False
+    return True
 
 
 def parse_pythonic(syn: PythonicSyntax, text: str, tools: ToolIndex | None = None) -> Parsed:

@@ -19,7 +19,8 @@ be balanced (an opening tag at the start of a line that the value does not close
 forgot this value's closing tag: the call is refused with that message, not run with the next
 parameter inside the value); and the text after the block must not hold stray closing tags (what a
 wrong cut inside a value that holds a whole call leaves behind). The candidates are tried in order
-(backtracking); when none leaves clean text after the block, the first is taken. A call that does
+(backtracking); when none leaves clean text after the block (a closing tag that no opening tag
+after the block accounts for), the first is taken. A call that does
 not read at all is a call with ``error`` naming the furthest problem found.
 """
 
@@ -50,9 +51,9 @@ class TagSyntax:
     example: str
 
 
-def _tags(syn: TagSyntax) -> tuple[re.Pattern, re.Pattern]:
-    """(any opener of a block or call, the markup the balance check counts: openers at the start of a line,
-    closers anywhere, each group named by its kind)."""
+def _tags(syn: TagSyntax) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
+    """(any opener of a block or call, the markup a value's balance check counts: openers at the start of a
+    line, closers anywhere, each group named by its kind, and the same with openers anywhere)."""
     kinds = {"call": (syn.call_open.pattern, re.escape(syn.call_close)),
              "param": (syn.param_open.pattern, re.escape(syn.param_close))}
     if syn.wrap:
@@ -60,8 +61,9 @@ def _tags(syn: TagSyntax) -> tuple[re.Pattern, re.Pattern]:
     opens = [f"(?P<open_{k}>{o})" for k, (o, _) in kinds.items()]
     closes = [f"(?P<close_{k}>{c})" for k, (_, c) in kinds.items()]
     markup = r"(?m)^[ \t]*(?:" + "|".join(opens) + ")|" + "|".join(closes)
+    anywhere = "|".join(opens + closes)
     block = "|".join(f"(?:{p})" for p in [syn.call_open.pattern] + ([re.escape(syn.wrap[0])] if syn.wrap else []))
-    return re.compile(block), re.compile(_renumbered(markup))
+    return re.compile(block), re.compile(_renumbered(markup)), re.compile(_renumbered(anywhere))
 
 
 def _renumbered(pattern: str) -> str:
@@ -74,7 +76,7 @@ class _Reader:
 
     def __init__(self, syn: TagSyntax, text: str, tools: ToolIndex | None) -> None:
         self.syn, self.text, self.tools = syn, text, tools or {}
-        self.opener, self.markup = _SYNTAX_TAGS[syn.name]
+        self.opener, self.markup, self.tags = _SYNTAX_TAGS[syn.name]
         self.closers = tuple(c for c in (syn.param_close, syn.call_close, syn.wrap[1] if syn.wrap else None) if c)
         self.failure: tuple[int, str] = (-1, "")
 
@@ -173,10 +175,14 @@ class _Reader:
     # ------------------------------------------------------------ the completion
 
     def clean_after(self, pos: int) -> bool:
-        """No stray closing tag between ``pos`` and the next block (what a wrong cut inside a value leaves)."""
-        following = self.opener.search(self.text, pos)
-        rest = self.text[pos:following.start() if following else len(self.text)]
-        return not any(c in rest for c in self.closers)
+        """No closing tag after ``pos`` that no opening tag before it (after ``pos``) accounts for: what a cut
+        inside a value leaves behind (the value's own later markup, and then its real closing tags)."""
+        depth = 0
+        for m in self.tags.finditer(self.text, pos):
+            depth += 1 if m.lastgroup.startswith("open") else -1
+            if depth < 0:
+                return False
+        return True
 
     def read(self) -> tuple[str, list[RawCall]]:
         text, spans, calls, pos = self.text, [], [], 0

@@ -218,8 +218,16 @@ UNICODE = "naïve café — 日本語 🙂\ttab \"dq\" 'sq' {braces} [brackets] 
 
 
 def _markup_file(ctx: RenderingContext) -> str:
-    """A file whose text is a whole turn of calls in the family's own markup (docs, tests, agent code)."""
-    return rendered_turn(ctx, [WEATHER, ("lookup", {"word": "x"})]) + "\n"
+    """A file whose text holds whole turns of calls in the family's own markup (docs, tests, agent code), twice:
+    the text between two copies must not pass for the text after a call."""
+    turn = rendered_turn(ctx, [WEATHER, ("lookup", {"word": "x"})])
+    return f"Example:\n{turn}\nAnother one:\n{turn}\n"
+
+
+def _inline_markup(ctx: RenderingContext) -> str:
+    """A one-line value holding a call in the family's markup (no tag starts a line, so only the text after the
+    call can tell a cut inside the value from the call's end)."""
+    return "see " + rendered_turn(ctx, [("lookup", {"word": "x"})]).replace("\n", " ") + " for the syntax"
 
 
 def _closers_file(ctx: RenderingContext) -> str:
@@ -242,6 +250,8 @@ CASES: tuple[Case, ...] = (
     # Computed per family: a value holding a whole turn of calls in the family's own markup runs once, as the value.
     Case("a file holding the family's own call markup", [("write_file", {"path": "notes.md", "content": _markup_file})],
          needs_quotable=True),
+    Case("a one-line value holding the family's call markup",
+         [("write_file", {"path": "a.txt", "content": _inline_markup}), ("lookup", {"word": "y"})], needs_quotable=True),
     Case("a file with lines like the family's closing tags",
          [("write_file", {"path": "t.txt", "content": _closers_file}), ("lookup", {"word": "after"})],
          needs_quotable=True),
