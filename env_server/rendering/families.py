@@ -37,6 +37,12 @@ class MessageStyle:
     def call_id(self, seq: int, index: int) -> str:
         return ID_STYLES[self.ids](seq, index)
 
+    def written_id_or_ours(self, written: str, seq: int, index: int, taken: set[str]) -> str:
+        """The call id the model wrote (Mistral's, Kimi's), so tool results answer it; ours where it wrote none,
+        one the template refuses (Mistral's are 9 letters or digits), or one an earlier call of the turn has."""
+        fits = written and (self.ids != "alnum9" or (written.isalnum() and len(written) == 9))
+        return written if fits and written not in taken else self.call_id(seq, index)
+
 
 @dataclass(frozen=True)
 class FamilyRules:

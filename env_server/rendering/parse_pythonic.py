@@ -228,7 +228,7 @@ def _read(body: str, syn: PythonicSyntax, tools: ToolIndex | None) -> list[RawCa
 
 
 _BARE_START = re.compile(r"\[\s*([A-Za-z_][\w.\-]*)\s*\(")
-_MAX_ENDS = 64  # a bare list that Python cannot tokenize: the first closing brackets tried as its end
+_MAX_ENDS = 256  # a bare list that Python cannot tokenize: the first closing brackets tried as its end
 
 
 def _python_list_end(text: str, start: int) -> int | None:
@@ -268,14 +268,18 @@ def _candidates(text: str, start: int, syn: PythonicSyntax) -> tuple[int, list[t
     return start, [(e, e) for e in brackets]
 
 
+@functools.lru_cache(maxsize=8)
+def _bracket_pattern(markers: tuple[str, str]) -> re.Pattern:
+    return re.compile("|".join(map(re.escape, markers)))
+
+
 def _clean_after(text: str, pos: int, syn: PythonicSyntax) -> bool:
-    """No closing marker after ``pos`` that no opening marker after ``pos`` accounts for (what a cut inside a
-    value leaves behind: the value's own later markup, then the real closing marker)."""
-    if not syn.markers:
-        return True
+    """No closing marker (``]`` for a bare list) after ``pos`` that no opening one after ``pos`` accounts for: what
+    a cut inside a value leaves behind (the value's own later markup, then the real closing marker)."""
+    markers = syn.markers or ("[", "]")
     depth = 0
-    for m in re.finditer("|".join(map(re.escape, syn.markers)), text[pos:]):
-        depth += 1 if m[0] == syn.markers[0] else -1
+    for m in _bracket_pattern(markers).finditer(text, pos):
+        depth += 1 if m[0] == markers[0] else -1
         if depth < 0:
             return False
     return True
@@ -296,16 +300,17 @@ def parse_pythonic(syn: PythonicSyntax, text: str, tools: ToolIndex | None = Non
             break
         body_from, ends = _candidates(text, start, syn)
         found, end, problem = None, 0, ""
-        for body_end, region_end in ends:
-            try:
-                calls_here = _read(text[body_from:body_end], syn, tools)
-            except _Bad as e:
-                problem = problem or f"{e}: {short(text[body_from:body_end].strip())}"
-                continue
-            if found is None:
-                found, end = calls_here, region_end
-            if _clean_after(text, region_end, syn):  # else a value held the closing marker: try a later one
-                found, end = calls_here, region_end
+        # A reading after which the text is clean first (else a value held the closing marker), then any reading.
+        for wanted in (True, False):
+            for body_end, region_end in ends:
+                if wanted and not _clean_after(text, region_end, syn):
+                    continue
+                try:
+                    found, end = _read(text[body_from:body_end], syn, tools), region_end
+                    break
+                except _Bad as e:
+                    problem = problem or f"{e}: {short(text[body_from:body_end].strip())}"
+            if found is not None:
                 break
         if found is None:
             if m is not None and tools and m[1] not in tools:

@@ -138,7 +138,7 @@ class _Reader:
         for end in self.value_ends(name, m.end(), args.keys() | {key}):
             ends += 1
             value = text[m.end():end]
-            unclosed = self.unclosed_markup(value)
+            unclosed = self.unclosed_markup(value, name, args.keys() | {key})
             if unclosed:
                 self.fail(m.end(), f"the parameter {key!r} of {name} was not closed with {syn.param_close} before "
                                    f"{unclosed!r}")
@@ -161,13 +161,21 @@ class _Reader:
                 yield at
             at += 1
 
-    def unclosed_markup(self, value: str) -> str:
-        """The first opening tag (at the start of a line) that the value does not close, or ""."""
+    def unclosed_markup(self, value: str, name: str, given: set[str]) -> str:
+        """The first opening tag at the start of a line that the value does not close, or "": a call's or block's,
+        or a parameter's that the tool declares and has not had (the model forgot this value's closing tag before
+        it). A tag the tool does not declare is the value's own text (code that writes this markup)."""
+        declared = self.tools.get(name)
         stack: list[tuple[str, str]] = []  # (kind, the tag as written)
         for m in self.markup.finditer(value):
-            kind, what = m.lastgroup.split("_", 1)[1], m.lastgroup.split("_", 1)[0]
+            what, kind = m.lastgroup.split("_", 1)
+            tag = m[0].strip()
             if what == "open":
-                stack.append((kind, m[0].strip()))
+                if kind == "param" and declared and (
+                        (p := self.syn.param_open.match(tag)) is None or p[1].strip() not in declared
+                        or p[1].strip() in given):
+                    continue
+                stack.append((kind, tag))
             elif stack and stack[-1][0] == kind:
                 stack.pop()
         return stack[0][1] if stack else ""
