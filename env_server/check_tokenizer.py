@@ -18,7 +18,14 @@ import os
 import sys
 from pathlib import Path
 
-from env_server.rendering import InvalidTokenizerFilesError, RenderingContext, TokenizerRegistry, UnsupportedTemplateError
+from jinja2.exceptions import TemplateError
+
+from env_server.rendering import (
+    InvalidTokenizerFilesError,
+    RenderingContext,
+    TokenizerRegistry,
+    UnsupportedTemplateError,
+)
 from env_server.rendering import messages as msgs
 from env_server.rendering.probe import PROBE_TOOLS
 from tito.types import Message
@@ -77,7 +84,7 @@ def realistic_outputs(ctx: RenderingContext) -> list[tuple[str, str]]:
                               content)
         try:
             return ctx.completion_text(conv, turn, PROBE_TOOLS)
-        except Exception as e:  # jinja raises anything (Llama 3.1: one call per turn)
+        except TemplateError as e:  # Llama 3.1's raises on a second call
             return f"(the template does not render this: {e})"
 
     markup = written([_SAMPLE])

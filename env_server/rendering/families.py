@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from tito.types import call_id
 
+
 def alnum9_id(seq: int, index: int) -> str:
     """A 9-character alphanumeric call id (Mistral's templates refuse any other), unique per step and call."""
     return f"c{seq % 10**5:05d}x{index % 100:02d}"

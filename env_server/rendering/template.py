@@ -19,7 +19,6 @@ from transformers.utils.chat_template_utils import (
     mark_control_tokens,
 )
 
-
 _PREFILL = 64  # a generation prompt may end in up to this much text its turn does not render ('<think>\n')
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -115,7 +116,7 @@ def cast(raw: str, param: Param) -> Any:
                 number = float(text)
             except ValueError:
                 continue
-            if number == number and number not in (float("inf"), float("-inf")):
+            if math.isfinite(number):
                 return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() else number
         elif name == "boolean" and text.lower() in ("true", "false"):
             return text.lower() == "true"

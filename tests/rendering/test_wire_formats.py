@@ -13,6 +13,7 @@ from env_server.rendering.parsing import formats
 def parse_deepseek(text):
     return formats()["deepseek"].parse(text, None)
 
+from .corpus import CORPUS_TOOLS
 from .helpers import TOOLS, Turn, assistant_message, ctx_for, model_completion
 
 
@@ -164,27 +165,17 @@ def test_agrees_with_parse_response_where_it_is_right(template, schema):
 
 # ---------------------------------------------------------------- the failure classes of real outputs
 
-WRITE_FILE = {"type": "function", "function": {"name": "write_file", "description": "Write a file.", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
-    "required": ["path", "content"]}}}
-
-
-def test_xml_value_holding_a_whole_call_runs_once_as_the_value():
-    """Phantom calls: a file whose text is a tool call in the family's own markup is one write, never two calls."""
+@pytest.mark.parametrize("content", [
+    # Phantom calls: a file whose text is a tool call in the family's own markup is one write, never two calls.
+    "<tool_call>\n<function=run_python>\n<parameter=code>\nimport os\n</parameter>\n</function>\n</tool_call>",
+    # A line like the end of a parameter is a boundary only where the tool declares what follows it.
+    "a\n</parameter>\n<parameter=mode>\nfast",
+])
+def test_xml_value_holding_markup_runs_once_as_the_value(content):
     ctx = ctx_for("qwen3_6")
-    inner = "<tool_call>\n<function=run_python>\n<parameter=code>\nimport os\n</parameter>\n</function>\n</tool_call>"
     text = ("</think>\n\n<tool_call>\n<function=write_file>\n<parameter=path>\nagent.md\n</parameter>\n"
-            f"<parameter=content>\n{inner}\n</parameter>\n</function>\n</tool_call><|im_end|>")
-    assert calls_of(parse(ctx, text, TOOLS + [WRITE_FILE])) == [("write_file", {"path": "agent.md", "content": inner})]
-
-
-def test_xml_closing_tag_line_before_an_undeclared_name_is_not_a_boundary():
-    """A value with a line that looks like the end of a parameter is cut only where the tool declares what follows."""
-    ctx = ctx_for("qwen3_6")
-    content = "a\n</parameter>\n<parameter=mode>\nfast"
-    text = ("</think>\n\n<tool_call>\n<function=write_file>\n<parameter=path>\nx\n</parameter>\n"
             f"<parameter=content>\n{content}\n</parameter>\n</function>\n</tool_call><|im_end|>")
-    assert calls_of(parse(ctx, text, TOOLS + [WRITE_FILE])) == [("write_file", {"path": "x", "content": content})]
+    assert calls_of(parse(ctx, text, CORPUS_TOOLS)) == [("write_file", {"path": "agent.md", "content": content})]
 
 
 def test_xml_parameter_without_its_closing_tag_is_reported_not_run():
