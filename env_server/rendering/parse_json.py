@@ -13,7 +13,8 @@ boundary, and never a second call. Two shapes, each a table of families:
   the bare ones, found after prose too: ``llama3`` (``{"name", "parameters"}``, optionally after
   ``<|python_tag|>``; Llama 4 writes several back to back) and ``json_list`` (xLAM's ``[{...}]``).
 - ``NamedCalls``: a marker, the name, a separator, the arguments object: ``deepseek``
-  (``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` + fenced JSON, or V3.1's ``NAME<｜tool▁sep｜>{...}``),
+  (``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` + fenced JSON, or V3.1's
+  ``NAME<｜tool▁sep｜>{...}``),
   ``kimi`` (``<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{...}<|tool_call_end|>``,
   the written ``functions.NAME:0`` is the call id), ``mistral`` (``[TOOL_CALLS]NAME[ARGS]{...}``, with
   ``[CALL_ID]ID`` since Mistral Small 3.2).
@@ -101,6 +102,12 @@ class JsonCalls:
     fences: tuple[str, ...] = ()  # a bare region may sit in a Markdown fence (```json ... ```)
 
 
+def _written_id(fields: dict[str, tuple[Any, str]]) -> str:
+    """The call id the model wrote (Mistral's ``"id"``), if a string."""
+    value = fields.get("id", ("", ""))[0]
+    return value if isinstance(value, str) else ""
+
+
 def _call_object(fmt: JsonCalls, raw: str, tools: ToolIndex | None) -> RawCall:
     """One call from the JSON text of an object; a malformed one is a call with ``error``."""
     try:
@@ -110,8 +117,7 @@ def _call_object(fmt: JsonCalls, raw: str, tools: ToolIndex | None) -> RawCall:
     if "function" in fields and isinstance(fields["function"][0], dict) and "name" not in fields:
         inner = fields["function"][1]  # OpenAI's shape: {"type": "function", "function": {...}}
         call = _call_object(fmt, inner, tools)
-        written_id = fields.get("id", ("", ""))[0]
-        return RawCall(call.name, call.arguments, call.error, written_id if isinstance(written_id, str) else "")
+        return RawCall(call.name, call.arguments, call.error, _written_id(fields))
     if fmt.name_is_key and len(fields) == 1:
         (name, (value, value_raw)), = fields.items()
         if isinstance(value, dict):
@@ -119,8 +125,7 @@ def _call_object(fmt: JsonCalls, raw: str, tools: ToolIndex | None) -> RawCall:
     name = fields.get("name", (None, ""))[0]
     if not isinstance(name, str) or not name.strip():
         return RawCall("", "", f'the tool call has no "name" string: {short(raw.strip())}; write {fmt.example}')
-    written_id = fields.get("id", ("", ""))[0]
-    written_id = written_id if isinstance(written_id, str) else ""
+    written_id = _written_id(fields)
     for key in fmt.arg_keys:
         if key in fields:
             value, value_raw = fields[key]
@@ -202,15 +207,24 @@ def parse_json_calls(fmt: JsonCalls, text: str, tools: ToolIndex | None = None) 
                     later = text.find(fmt.close, close_at)
                     error = (f"unexpected text {short(text[close_at:later], 60)!r} after the tool call's JSON, before "
                              f"{fmt.close}" if later >= 0 else
-                             f"a tool call ({text[start:at]}) was not closed with {fmt.close}") + f"; write {fmt.example}"
+                             f"a tool call ({text[start:at]}) was not closed with {fmt.close}")
+                    error += f"; write {fmt.example}"
                     found = [RawCall(c.name, "", c.error or error, c.id) for c in found]
                     end = _region_end(text, end, fmt)
+        if at == start and not _is_call(text[start:end], tools):
+            pos = start + 1  # a JSON answer in the prose ({"name": "Bob"}), not a call
+            continue
         if fmt.fences:
             start, end = _fenced(text, start, end, fmt.fences)
         spans.append((start, end, end))
         calls.extend(found)
         pos = max(end, at + 1)
     return outside(text, spans), None, calls
+
+
+def _is_call(segment: str, tools: ToolIndex | None) -> bool:
+    """Whether JSON found with no marker is a call: it has arguments, or names one of the session's tools."""
+    return bool(_ARGS_KEY.search(segment)) or any(f'"{name}"' in segment for name in tools or ())
 
 
 def _region_end(text: str, pos: int, fmt: JsonCalls) -> int:
@@ -377,8 +391,9 @@ def parse_gemma4(text: str, tools: ToolIndex | None = None) -> Parsed:
 # ---------------------------------------------------------------- the families
 
 _OBJ = '{"name": "<tool name>", "arguments": {...}}'
-_CALL_OBJECT = re.compile(r'\{\s*"(?:name|function|type)"\s*:')
-_CALL_LIST = re.compile(r'\[\s*\{\s*"(?:name|function|type)"\s*:')
+_CALL_OBJECT = re.compile(r'\{\s*(?:"(?:name|function)"\s*:|"type"\s*:\s*"function")')
+_CALL_LIST = re.compile(r'\[\s*\{\s*(?:"(?:name|function)"\s*:|"type"\s*:\s*"function")')
+_ARGS_KEY = re.compile(r'"(?:arguments|parameters)"\s*:')
 
 JSON_FAMILIES = (
     JsonCalls("hermes", "qwen", ("<tool_call>",), f"<tool_call>\n{_OBJ}\n</tool_call>", close="</tool_call>"),

@@ -242,3 +242,9 @@ def test_mistral_v3_json_ids_and_a_repeated_id():
             '{"name": "lookup", "arguments": {"word": "b"}, "id": "abcdefghi"}]</s>')
     p = ctx.parse_completion(ids(ctx, text), seq=2, tools=TOOLS)
     assert [c.id for c in p.tool_calls] == ["abcdefghi", "c00002x01"]  # tool results must answer distinct calls
+
+
+def test_llama3_json_answer_that_is_not_a_call_stays_text():
+    ctx = ctx_for("llama3_1")
+    p = parse(ctx, 'The record is {"name": "Bob", "age": 3}.<|eot_id|>')
+    assert p.tool_calls == [] and p.content == 'The record is {"name": "Bob", "age": 3}.'
