@@ -248,3 +248,25 @@ def test_llama3_json_answer_that_is_not_a_call_stays_text():
     ctx = ctx_for("llama3_1")
     p = parse(ctx, 'The record is {"name": "Bob", "age": 3}.<|eot_id|>')
     assert p.tool_calls == [] and p.content == 'The record is {"name": "Bob", "age": 3}.'
+
+
+@pytest.mark.parametrize("wire, text", [
+    # Formats no committed template writes today (their templates are refused for other reasons): the parser alone.
+    ("granite", 'Sure.<|tool_call|>[{"name": "lookup", "arguments": {"word": "<|tool_call|>[]"}}, '
+                '{"name": "get_weather", "arguments": {"city": "Paris", "zip": "75001", "days": "3"}}]'),
+    ("nemotron_json", '<TOOLCALL>[{"name": "lookup", "arguments": {"word": "</TOOLCALL>"}}, '
+                      '{"name": "get_weather", "arguments": {"city": "Paris", "zip": "75001", "days": 3}}]</TOOLCALL>'),
+    ("phi4", 'functools[{"name": "lookup", "arguments": {"word": "functools[]"}}, '
+             '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\", \\"zip\\": \\"75001\\", \\"days\\": 3}"}]'),
+    ("apertus", '<|tools_prefix|>[{"lookup": {"word": "<|tools_suffix|>"}}, '
+                '{"get_weather": {"city": "Paris", "zip": "75001", "days": 3}}]<|tools_suffix|>'),
+])
+def test_json_list_formats_without_a_template(wire, text):
+    from env_server.rendering.values import tool_index
+
+    content, _, calls = formats()[wire].parse(text, tool_index(TOOLS))
+    word = {"granite": "<|tool_call|>[]", "nemotron_json": "</TOOLCALL>", "phi4": "functools[]",
+            "apertus": "<|tools_suffix|>"}[wire]
+    assert [(c.name, json.loads(c.arguments), c.error) for c in calls] == [
+        ("lookup", {"word": word}, None), ("get_weather", {"city": "Paris", "zip": "75001", "days": 3}, None)]
+    assert content == ("Sure." if wire == "granite" else "")
