@@ -5,13 +5,16 @@
 For each template (default: one per supported family), a conversation of ``--turns`` tool rounds
 is built; each step parses a completion (the template's own writing of a call) and renders the
 suffix for a short tool output (what the server does per Step). The baseline is what many
-stacks do instead: apply_chat_template over the whole conversation so far (tokenize=True) and
-take the new tail. Prints p50/p99 in ms (this thread's CPU time and wall time) and the wall ratio.
+stacks do instead: decode, apply_chat_template over the whole conversation so far (tokenize=True)
+and take the new tail. Prints p50/p99 in ms (this thread's CPU time and wall time), the parse and
+render parts of a step (CPU p50), the parse of a 2 KB code value that holds the family's own call
+markup (the grammar's worst ordinary case), and the wall ratio to the baseline.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -28,7 +31,9 @@ from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
 
 # One template per supported family / wire format.
 FAMILIES = ("qwen2_5,qwen3,qwen3_instruct_2507,qwen3_6,nemotron_3_nano,glm4moe,gemma4,gemma4_v2,lfm2_2_5,lfm2_v2,"
-            "llama3_1,gptoss,muse_glimmer,deepseekv3")
+            "llama3_1,gptoss,muse_glimmer,deepseekv3,"
+            "kimi_k2,minimax_m2,minimax_m1,mistral_nemo,mistral_small_3_2,devstral_small,ministral_3,seed_oss,"
+            "llama4_json,llama4_pythonic,olmo3,xlam_qwen,qwen2_5_coder,internlm2,qwen3_coder,granite_4_0")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -48,15 +53,30 @@ def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
     for k in range(turns):
         history += [asst, msgs.tool("run_python", style.call_id(1, 0), output)]
 
-    ours, cpu = [], []
+    # A 2 KB code value holding the family's own writing of a call, several times: one call must come back.
+    markup = ctx.completion_text(conv, asst, TOOLS).replace('<|"|>', "'")  # Gemma 4's strings cannot hold <|"|>
+    code = ("doc = " + repr(markup) + "\n") * max(1, 2048 // (len(markup) + 8))
+    heavy_turn = msgs.assistant(style, [(style.call_id(1, 0), "run_python", {"code": code})],
+                                "I will run it." if style.reasoning_field else None)
+    heavy = ctx.encode(ctx.completion_text(conv, heavy_turn, TOOLS))
+
+    ours, cpu, parse_cpu, heavy_cpu = [], [], [], []
     for _ in range(steps):
         t0, c0 = time.perf_counter(), time.thread_time()
         parsed = ctx.parse_completion(completion, seq=1, tools=TOOLS)
+        c1 = time.thread_time()
         results = [msgs.tool(c.name, c.id, output) for c in parsed.tool_calls]
         ctx.render_suffix(parsed.tool_calls, results, budget, later_round=turns > 0)
         cpu.append((time.thread_time() - c0) * 1e3)
+        parse_cpu.append((c1 - c0) * 1e3)
         ours.append((time.perf_counter() - t0) * 1e3)
     assert parsed.tool_calls and not parsed.tool_calls[0].error, parsed
+    for _ in range(max(50, steps // 10)):
+        c0 = time.thread_time()
+        got = ctx.parse_completion(heavy, seq=1, tools=TOOLS).tool_calls
+        heavy_cpu.append((time.thread_time() - c0) * 1e3)
+    assert [(c.name, c.error) for c in got] == [("run_python", None)] and json.loads(got[0].arguments)["code"] == code, (
+        template, got)
     base = []
     for _ in range(max(50, steps // 10)):
         t0 = time.perf_counter()
@@ -64,7 +84,9 @@ def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
         tok.apply_chat_template(history, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
         base.append((time.perf_counter() - t0) * 1e3)
     return {"template": template, "family": ctx.family, "p50": statistics.median(ours), "p99": pct(ours, 0.99),
-            "cpu_p50": statistics.median(cpu), "cpu_p99": pct(cpu, 0.99),
+            "cpu_p50": statistics.median(cpu), "cpu_p99": pct(cpu, 0.99), "parse_p50": statistics.median(parse_cpu),
+            "render_p50": statistics.median(cpu) - statistics.median(parse_cpu),
+            "heavy_p50": statistics.median(heavy_cpu),
             "base_p50": statistics.median(base), "base_p99": pct(base, 0.99)}
 
 
@@ -79,12 +101,13 @@ def main() -> None:
           f"baseline = decode + apply_chat_template(tokenize=True) over {args.turns} rounds")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; cpu = this thread's CPU time (what a step "
           "costs when the machine is shared), wall = elapsed")
-    print(f"{'template':24} {'family':10} {'cpu p50':>8} {'cpu p99':>8} {'wall p50':>9} {'wall p99':>9} {'base p50':>9} "
-          f"{'base p99':>9} {'speedup':>8}")
+    print(f"{'template':20} {'family':13} {'cpu p50':>8} {'cpu p99':>8} {'parse':>6} {'render':>6} {'2KB val':>7} "
+          f"{'wall p50':>9} {'wall p99':>9} {'base p50':>9} {'base p99':>9} {'speedup':>8}")
     for template in args.templates.split(","):
         r = bench(template, args.steps, args.turns, args.budget or None)
-        print(f"{r['template']:24} {r['family']:10} {r['cpu_p50']:8.3f} {r['cpu_p99']:8.3f} {r['p50']:9.3f} "
-              f"{r['p99']:9.3f} {r['base_p50']:9.3f} {r['base_p99']:9.3f} {r['base_p50'] / r['p50']:7.1f}x", flush=True)
+        print(f"{r['template']:20} {r['family']:13} {r['cpu_p50']:8.3f} {r['cpu_p99']:8.3f} {r['parse_p50']:6.3f} "
+              f"{r['render_p50']:6.3f} {r['heavy_p50']:7.3f} {r['p50']:9.3f} {r['p99']:9.3f} {r['base_p50']:9.3f} "
+              f"{r['base_p99']:9.3f} {r['base_p50'] / r['p50']:7.1f}x", flush=True)
 
 
 if __name__ == "__main__":

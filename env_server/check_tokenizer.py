@@ -4,8 +4,10 @@
 
 Prints the family detected, the tool-call parser (wire format), the stop tokens and their ids,
 the call turn of a sample tool call and its suffix (the tool-result turn plus the next assistant
-header) as text and ids, and the verdict: ACCEPTED (exit status 0) or REFUSED with the reason and
-the step of the registration check that failed (exit status 1). Nothing leaves this machine.
+header) as text and ids, what would run for a few outputs the way models write them (prose before
+a call, two calls, a value holding the family's own call markup), and the verdict: ACCEPTED (exit
+status 0) or REFUSED with the reason and the step of the registration check that failed (exit
+status 1). Nothing leaves this machine.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ import os
 import sys
 from pathlib import Path
 
-from env_server.rendering import InvalidTokenizerFilesError, RenderingContext, TokenizerRegistry, UnsupportedTemplateError
+from jinja2.exceptions import TemplateError
+
+from env_server.rendering import (
+    InvalidTokenizerFilesError,
+    RenderingContext,
+    TokenizerRegistry,
+    UnsupportedTemplateError,
+)
 from env_server.rendering import messages as msgs
 from env_server.rendering.probe import PROBE_TOOLS
 from tito.types import Message
@@ -53,6 +62,38 @@ def report(ctx: RenderingContext) -> None:
     _show("suffix", ctx, suffix.ids)
     for quirk in ctx.quirks:
         print(f"quirk:         {quirk}")
+    for label, text in realistic_outputs(ctx):
+        if text.startswith("("):
+            print(f"\n{label}: {text}")
+            continue
+        ids = ctx.encode(text)  # control-token strings inside a value are text, as a model may write them
+        print(f"\n{label}: {ctx.decode(ids)!r}")
+        for c in ctx.parse_completion(ids, seq=2, tools=PROBE_TOOLS).tool_calls:
+            print(f"  would run:   {c.name}({c.arguments})  id {c.id}" if not c.error else f"  not run:     {c.error}")
+
+
+def realistic_outputs(ctx: RenderingContext) -> list[tuple[str, str]]:
+    """(label, completion text) of a few outputs as models write them, each written by the template itself:
+    prose before a call, two calls, and code whose text holds the family's own writing of a call."""
+    style = ctx.rules.style
+    conv = msgs.head(style, {"role": "user", "content": "What is 6 times 7?"})
+    reasoning = msgs.SYNTHETIC_REASONING if style.reasoning_field else None
+
+    def written(calls, content: str = "") -> str:
+        turn = msgs.assistant(style, [(style.call_id(2, i), n, a) for i, (n, a) in enumerate(calls)], reasoning,
+                              content)
+        try:
+            return ctx.completion_text(conv, turn, PROBE_TOOLS)
+        except TemplateError as e:  # Llama 3.1's raises on a second call
+            return f"(the template does not render this: {e})"
+
+    markup = written([_SAMPLE])
+    return [
+        ("prose, then a call", written([_SAMPLE], content="Let me compute that.")),
+        ("two calls", written([_SAMPLE, ("lookup", {"word": "naïve"})])),
+        ("a value holding the family's own call markup",
+         written([("run_python", {"code": f"doc = {markup!r}\nprint(len(doc))"})])),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

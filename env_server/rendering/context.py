@@ -136,7 +136,10 @@ class RenderingContext:
             # The template's next token is already the tool turn: it must get a result.
             raw = [RawCall("", "", f"the turn ended with {rules.boundary}, which opens tool results, but holds no "
                                    f"tool call; write {self._wire.example}, or end your answer without calling a tool")]
-        calls = [ToolCall(c.id or rules.style.call_id(seq, n), c.name, c.arguments, c.error) for n, c in enumerate(raw)]
+        calls: list[ToolCall] = []
+        for n, c in enumerate(raw):
+            call_id = rules.style.written_id_or_ours(c.id, seq, n, {call.id for call in calls})
+            calls.append(ToolCall(call_id, c.name, c.arguments, c.error))
         limit = rules.max_calls_per_turn
         if limit is not None:
             calls[limit:] = [

@@ -13,19 +13,6 @@ from dataclasses import dataclass, field
 
 from tito.types import call_id
 
-# Family labels by wire format (RegisterTokenizerResponse.template_family).
-LABELS = {
-    "hermes": "qwen",
-    "xml": "qwen-xml",
-    "arg_kv": "glm",
-    "deepseek": "deepseek",
-    "gemma4": "gemma4",
-    "pythonic": "pythonic",
-    "pythonic_raw": "pythonic",
-    "llama3": "llama3",
-    "harmony": "gptoss",
-}
-
 
 def alnum9_id(seq: int, index: int) -> str:
     """A 9-character alphanumeric call id (Mistral's templates refuse any other), unique per step and call."""
@@ -50,6 +37,12 @@ class MessageStyle:
 
     def call_id(self, seq: int, index: int) -> str:
         return ID_STYLES[self.ids](seq, index)
+
+    def written_id_or_ours(self, written: str, seq: int, index: int, taken: set[str]) -> str:
+        """The call id the model wrote (Mistral's, Kimi's), so tool results answer it; ours where it wrote none,
+        one the template refuses (Mistral's are 9 letters or digits), or one an earlier call of the turn has."""
+        fits = written and (self.ids != "alnum9" or (written.isalnum() and len(written) == 9))
+        return written if fits and written not in taken else self.call_id(seq, index)
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,35 @@
-"""The JSON-in-markers wire format: the arguments are JSON text (kept exactly as written).
+"""JSON wire formats: the arguments are JSON text, kept as written (retyped only where the schema says so).
 
-- ``hermes`` (Qwen2.5/Qwen3 and most ChatML models): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-- ``llama3``: the whole answer is ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``)
-- ``deepseek``: ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```<｜tool▁call▁end｜>``
-  (V3), or ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`` (V3.1)
-- ``gemma4``: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``: Gemma's JSON dialect (bare
-  keys, ``<|"|>``-delimited strings), read per call with transformers' own dialect reader
-  (``content_parsers._json``, what trl's Gemma 4 response schema uses); the model writes no JSON,
-  so ``arguments`` is the JSON of what it wrote.
+The JSON parser decides where a call ends: a call region starts at the family's marker, and
+``json.JSONDecoder.raw_decode`` reads the value from there, so markup inside a string value
+(a file holding ``</tool_call>`` or a whole ``<tool_call>`` block) is part of the value, never a
+boundary, and never a second call. Two shapes, each a table of families:
+
+- ``JsonCalls``: call objects ``{"name": ..., "arguments": {...}}`` (or a list of them) after a marker:
+  ``hermes`` (Qwen2.5/3 ``<tool_call>...</tool_call>``), ``qwen_coder`` (``<tools>``), ``internlm2``
+  (``<|action_start|><|plugin|>``), ``minimax_m1`` (``<tool_calls>``, one object per line),
+  ``nemotron_json`` (``<TOOLCALL>[...]</TOOLCALL>``), ``granite`` (``<|tool_call|>[...]``), ``mistral_v3``
+  (``[TOOL_CALLS][...]``, with the model's 9-character ``"id"``), ``phi4`` (``functools[...]``), and
+  the bare ones, found after prose too: ``llama3`` (``{"name", "parameters"}``, optionally after
+  ``<|python_tag|>``; Llama 4 writes several back to back) and ``json_list`` (xLAM's ``[{...}]``).
+- ``NamedCalls``: a marker, the name, a separator, the arguments object: ``deepseek``
+  (``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` + fenced JSON, or V3.1's
+  ``NAME<｜tool▁sep｜>{...}``),
+  ``kimi`` (``<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{...}<|tool_call_end|>``,
+  the written ``functions.NAME:0`` is the call id), ``mistral`` (``[TOOL_CALLS]NAME[ARGS]{...}``, with
+  ``[CALL_ID]ID`` since Mistral Small 3.2).
+
+``gemma4`` (``<|tool_call>call:NAME{key:<|"|>text<|"|>}<tool_call|>``) is Gemma's JSON dialect, read
+with transformers' own dialect reader (what trl's response schema uses); its ``arguments`` is the
+JSON of what the model wrote.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
+from typing import Any
 
 from transformers.utils.chat_parsing.content_parsers import _json as dialect_json
 
@@ -23,75 +39,291 @@ from .parsing import (
     Parsed,
     RawCall,
     WireFormat,
-    arguments_object_text,
-    call_from_json,
+    json_object_spans,
+    outside,
     read_blocks,
     short,
 )
-from .values import ToolIndex, arguments_json
+from .values import ToolIndex, arguments_json, retype
 
-# ---------------------------------------------------------------- hermes
-
-_HERMES_EXAMPLE = '<tool_call>\n{"name": "<tool name>", "arguments": {...}}\n</tool_call>'
+_SEPARATORS = re.compile(r"[ \t\n\r]*[,;]?[ \t\n\r]*")
 
 
-def parse_hermes(text: str, tools: ToolIndex | None = None) -> Parsed:
-    content, calls = read_blocks(text, "<tool_call>", "</tool_call>", _HERMES_EXAMPLE,
-                                 lambda body: call_from_json(body, ("arguments", "parameters"), _HERMES_EXAMPLE))
-    return content, None, calls
+def _not_json(text: str, pos: int, error: Exception) -> str:
+    msg = error.msg if isinstance(error, json.JSONDecodeError) else "nested too deeply"
+    at = error.pos - pos if isinstance(error, json.JSONDecodeError) else 0
+    return f"the tool call is not valid JSON ({msg} at char {at}): {short(text[pos:].strip())}"
 
 
-# ---------------------------------------------------------------- llama 3.x
+def _decode(text: str, pos: int) -> tuple[Any, int]:
+    """One JSON value at ``pos``: (value, end). Raises ValueError with a message for the model."""
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(_not_json(text, pos, e)) from None
 
-_LLAMA_EXAMPLE = '{"name": "<tool name>", "parameters": {...}}'
+
+def typed_arguments(name: str, fields: dict[str, tuple[Any, str]], raw: str, tools: ToolIndex | None) -> str:
+    """The arguments text: as written, unless the schema retypes a value (``"days": "3"`` for an integer)."""
+    values = {k: v for k, (v, _) in fields.items()}
+    typed = {k: retype(tools, name, k, v) for k, v in values.items()}
+    return raw if typed == values and all(type(typed[k]) is type(values[k]) for k in typed) else arguments_json(typed)
 
 
-def parse_llama3(text: str, tools: ToolIndex | None = None) -> Parsed:
-    body = text.strip()
-    if body.startswith("<|python_tag|>"):
-        body = body[len("<|python_tag|>"):].strip()
-    elif not body.startswith("{"):
-        return text.strip(), None, []
+def arguments_text(name: str, raw: str, tools: ToolIndex | None, example: str) -> tuple[str, str | None]:
+    """(arguments, error) from the JSON text of an arguments object (or a JSON string holding one)."""
+    text = raw.strip()
+    try:
+        fields = json_object_spans(text)
+    except ValueError as e:
+        try:  # the object encoded a second time, as a JSON string
+            inner = json.loads(text)
+            fields, text = json_object_spans(inner), inner
+        except (ValueError, TypeError, RecursionError):
+            return "", f"the arguments of {name or 'the call'} are not valid JSON ({e}): {short(text)}; write {example}"
+    return typed_arguments(name, fields, text, tools), None
+
+
+# ---------------------------------------------------------------- call objects
+
+
+@dataclass(frozen=True)
+class JsonCalls:
+    """Call objects (or lists of them) after a marker; the JSON decides where each ends."""
+
+    name: str  # the wire format's key
+    family: str  # RegisterTokenizerResponse.template_family
+    opens: tuple[str, ...]  # markers a call region starts with
+    example: str
+    close: str = ""  # the marker that ends a region ("": the JSON's end does)
+    bare: re.Pattern | None = None  # where a region with no marker starts (matched anywhere: after prose too)
+    arg_keys: tuple[str, ...] = ("arguments", "parameters")
+    name_is_key: bool = False  # {"NAME": {arguments}} (Apertus)
+    fences: tuple[str, ...] = ()  # a bare region may sit in a Markdown fence (```json ... ```)
+
+
+def _written_id(fields: dict[str, tuple[Any, str]]) -> str:
+    """The call id the model wrote (Mistral's ``"id"``), if a string."""
+    value = fields.get("id", ("", ""))[0]
+    return value if isinstance(value, str) else ""
+
+
+def _call_object(fmt: JsonCalls, raw: str, tools: ToolIndex | None) -> RawCall:
+    """One call from the JSON text of an object; a malformed one is a call with ``error``."""
+    try:
+        fields = json_object_spans(raw)
+    except ValueError as e:
+        return RawCall("", "", f"the tool call is not a JSON object ({e}): {short(raw.strip())}; write {fmt.example}")
+    if "function" in fields and isinstance(fields["function"][0], dict) and "name" not in fields:
+        inner = fields["function"][1]  # OpenAI's shape: {"type": "function", "function": {...}}
+        call = _call_object(fmt, inner, tools)
+        return RawCall(call.name, call.arguments, call.error, _written_id(fields))
+    if fmt.name_is_key and len(fields) == 1:
+        (name, (value, value_raw)), = fields.items()
+        if isinstance(value, dict):
+            return RawCall(name, *arguments_text(name, value_raw, tools, fmt.example))
+    name = fields.get("name", (None, ""))[0]
+    if not isinstance(name, str) or not name.strip():
+        return RawCall("", "", f'the tool call has no "name" string: {short(raw.strip())}; write {fmt.example}')
+    written_id = _written_id(fields)
+    for key in fmt.arg_keys:
+        if key in fields:
+            value, value_raw = fields[key]
+            if not isinstance(value, (dict, str)):
+                return RawCall(name, "", f'"{key}" must be a JSON object of arguments, got {short(value_raw)}; '
+                                         f"write {fmt.example}", written_id)
+            arguments, error = arguments_text(name, value if isinstance(value, str) else value_raw, tools, fmt.example)
+            return RawCall(name, arguments, error, written_id)
+    return RawCall(name, "{}", None, written_id)
+
+
+def _values(text: str, pos: int, fmt: JsonCalls, tools: ToolIndex | None) -> tuple[list[RawCall], int]:
+    """The calls of one region from ``pos``: JSON values (objects, or lists of objects) separated by
+    whitespace, ',' or ';'; after the first, a value must look like a call. Returns (calls, the end of
+    the last value). Raises ValueError (the message for the model) when a value is not JSON."""
     calls: list[RawCall] = []
-    # One call per JSON object; several may be separated by ';' or newlines.
+    end, at = pos, _WS.match(text, pos).end()
+    while at < len(text) and text[at] in "[{" and (not calls or _CALL_OBJECT.match(text, at)
+                                                    or _CALL_LIST.match(text, at)):
+        if text[at] == "{":
+            _, end = _decode(text, at)
+            calls.append(_call_object(fmt, text[at:end], tools))
+        else:
+            end = _list(text, at, fmt, tools, calls)
+        at = _SEPARATORS.match(text, end).end()
+    return calls, end
+
+
+def _list(text: str, pos: int, fmt: JsonCalls, tools: ToolIndex | None, calls: list[RawCall]) -> int:
+    """Read a JSON list of call objects at ``pos`` into ``calls``; returns its end. Raises ValueError."""
+    _, end = _decode(text, pos)  # the whole list must be JSON
+    at = _WS.match(text, pos + 1).end()
+    while text[at] != "]":
+        _, item_end = _DECODER.raw_decode(text, at)
+        if text[at] != "{":
+            calls.append(RawCall("", "", f"each tool call must be a JSON object, got {short(text[at:item_end])}; "
+                                         f"write {fmt.example}"))
+        else:
+            calls.append(_call_object(fmt, text[at:item_end], tools))
+        at = _WS.match(text, item_end).end()
+        at = _WS.match(text, at + 1).end() if text[at] == "," else at
+    return end
+
+
+def _next_region(text: str, pos: int, fmt: JsonCalls) -> tuple[int, int] | None:
+    """(start, where its JSON starts) of the next call region at or after ``pos``."""
+    best: tuple[int, int] | None = None
+    for marker in fmt.opens:
+        at = text.find(marker, pos)
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, at + len(marker))
+    if fmt.bare is not None:
+        m = fmt.bare.search(text, pos, best[0] if best else len(text))
+        if m:
+            best = (m.start(), m.start())
+    return best
+
+
+def parse_json_calls(fmt: JsonCalls, text: str, tools: ToolIndex | None = None) -> Parsed:
+    spans: list[tuple[int, int, int]] = []
+    calls: list[RawCall] = []
     pos = 0
-    while pos < len(body):
-        pos = _WS.match(body, pos).end()
-        if pos >= len(body):
-            break
+    while (region := _next_region(text, pos, fmt)) is not None:
+        start, at = region
         try:
-            _, end = _DECODER.raw_decode(body, pos)
-        except (json.JSONDecodeError, RecursionError):
-            calls.append(call_from_json(body[pos:], ("parameters", "arguments"), _LLAMA_EXAMPLE))
-            break
-        calls.append(call_from_json(body[pos:end], ("parameters", "arguments"), _LLAMA_EXAMPLE))
-        pos = _WS.match(body, end).end()
-        if pos < len(body) and body[pos] == ";":
-            pos += 1
-    return "", None, calls
+            found, end = _values(text, at, fmt, tools)
+        except ValueError as e:
+            found, end = [RawCall("", "", f"{e}; write {fmt.example}")], _region_end(text, at, fmt)
+        else:
+            if not found:
+                found = [RawCall("", "", f"the tool call after {text[start:at]} is not valid JSON (a call starts with "
+                                         f"'{{'): {short(text[at:].strip(), 80)!r}; write {fmt.example}")]
+                end = _region_end(text, at, fmt)
+            elif fmt.close:
+                close_at = _WS.match(text, end).end()
+                if text.startswith(fmt.close, close_at):
+                    end = close_at + len(fmt.close)
+                else:
+                    later = text.find(fmt.close, close_at)
+                    error = (f"unexpected text {short(text[close_at:later], 60)!r} after the tool call's JSON, before "
+                             f"{fmt.close}" if later >= 0 else
+                             f"a tool call ({text[start:at]}) was not closed with {fmt.close}")
+                    error += f"; write {fmt.example}"
+                    found = [RawCall(c.name, "", c.error or error, c.id) for c in found]
+                    end = _region_end(text, end, fmt)
+        if at == start and not _is_call(text[start:end], tools):
+            pos = start + 1  # a JSON answer in the prose ({"name": "Bob"}), not a call
+            continue
+        if fmt.fences:
+            start, end = _fenced(text, start, end, fmt.fences)
+        spans.append((start, end, end))
+        calls.extend(found)
+        pos = max(end, at + 1)
+    return outside(text, spans), None, calls
 
 
-# ---------------------------------------------------------------- deepseek
-
-_DS_BEGIN, _DS_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
-_DS_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
-_DS_FENCED = re.compile(r"(?P<name>[^\n]+)\n```(?:json)?\n(?P<args>.*)\n```\s*", re.DOTALL)
-_DS_EXAMPLE = f'{_DS_CALLS[0]}{_DS_BEGIN}function{_DS_SEP}<tool name>\n```json\n{{...}}\n```{_DS_END}{_DS_CALLS[1]}'
+def _is_call(segment: str, tools: ToolIndex | None) -> bool:
+    """Whether JSON found with no marker is a call: it has arguments, or names one of the session's tools."""
+    return bool(_ARGS_KEY.search(segment)) or any(f'"{name}"' in segment for name in tools or ())
 
 
-def _deepseek_call(body: str) -> RawCall:
-    head, sep, rest = body.partition(_DS_SEP)
-    fenced = _DS_FENCED.fullmatch(rest)
-    name, args = (fenced["name"], fenced["args"]) if fenced else (head, rest)  # V3 fenced, else V3.1
-    if not sep or not name.strip():
-        return RawCall("", "", f"the tool call has no name: {short(body)}; write {_DS_EXAMPLE}")
-    arguments, error = arguments_object_text(args, _DS_EXAMPLE)
-    return RawCall(name.strip(), arguments, error)
+def _region_end(text: str, pos: int, fmt: JsonCalls) -> int:
+    """Where a region that does not read ends: its close marker, else the next region, else the text's end."""
+    if fmt.close and (at := text.find(fmt.close, pos)) >= 0:
+        return at + len(fmt.close)
+    following = _next_region(text, pos + 1, fmt)
+    return following[0] if following else len(text)
 
 
-def parse_deepseek(text: str, tools: ToolIndex | None = None) -> Parsed:
-    content, calls = read_blocks(text, _DS_BEGIN, _DS_END, _DS_EXAMPLE, _deepseek_call)
-    for marker in _DS_CALLS:
+def _fenced(text: str, start: int, end: int, fences: tuple[str, ...]) -> tuple[int, int]:
+    """The region widened to the Markdown fence around it, if there is one."""
+    for fence in fences:
+        before = text.rfind(fence, 0, start)
+        if before >= 0 and not text[before + len(fence):start].strip():
+            after = _WS.match(text, end).end()
+            if text.startswith("```", after):
+                return before, after + 3
+    return start, end
+
+
+# ---------------------------------------------------------------- named calls: marker, name, arguments
+
+
+@dataclass(frozen=True)
+class NamedCalls:
+    """``OPEN head ARGS [CLOSE]``: the head names the tool (and the call id); the JSON decides where the
+    arguments end."""
+
+    name: str
+    family: str
+    open: str  # before each call
+    head: re.Pattern  # from after ``open`` through the start of the arguments: groups ``name`` and ``id``
+    example: str
+    close: str = ""  # after each call's arguments
+    section: tuple[str, ...] = ()  # markers around the calls, not content
+    chained: bool = False  # a call may follow the previous one without a new ``open`` (Mistral)
+    fence: bool = False  # the arguments may sit in a ```json fence (DeepSeek V3)
+
+
+def _named_call(fmt: NamedCalls, text: str, pos: int, tools: ToolIndex | None) -> tuple[RawCall, int]:
+    """The call whose head starts at ``pos``: (call, end). Raises ValueError for a head that does not read."""
+    m = fmt.head.match(text, pos)
+    if not m:
+        raise ValueError(f"the tool call has no name and arguments marker: {short(text[pos:].strip(), 80)!r}")
+    groups = m.groupdict()
+    name = (groups.get("name") or groups.get("name2") or "").strip()
+    written_id = (groups.get("id") or "").strip()
+    at = _WS.match(text, m.end()).end()
+    if fmt.fence and text.startswith("```", at):  # ```json\n
+        newline = text.find("\n", at)
+        at = newline + 1 if newline >= 0 else at + 3
+    try:
+        value, end = _decode(text, at)
+    except ValueError as e:
+        return RawCall(name, "", f"{e}; write {fmt.example}", written_id), _named_end(text, at, fmt)
+    if not isinstance(value, dict):
+        arguments, error = arguments_text(name, value if isinstance(value, str) else text[at:end], tools, fmt.example)
+    else:
+        arguments, error = arguments_text(name, text[at:end], tools, fmt.example)
+    after = _WS.match(text, end).end()
+    if fmt.fence and text.startswith("```", after):
+        after = _WS.match(text, after + 3).end()
+    if fmt.close:
+        if not text.startswith(fmt.close, after):
+            error = error or f"the call to {name} was not closed with {fmt.close}; write {fmt.example}"
+            return RawCall(name, arguments if not error else "", error, written_id), _named_end(text, end, fmt)
+        end = after + len(fmt.close)
+    return RawCall(name, arguments, error, written_id), end
+
+
+def _named_end(text: str, pos: int, fmt: NamedCalls) -> int:
+    """Where a call that does not read ends: after its close marker, or where the next call starts."""
+    close = text.find(fmt.close, pos) if fmt.close else -1
+    following = text.find(fmt.open, pos)
+    if following >= 0 and (close < 0 or following < close):
+        return following
+    return close + len(fmt.close) if close >= 0 else len(text)
+
+
+def parse_named_calls(fmt: NamedCalls, text: str, tools: ToolIndex | None = None) -> Parsed:
+    spans: list[tuple[int, int, int]] = []
+    calls: list[RawCall] = []
+    pos = 0
+    while (start := text.find(fmt.open, pos)) >= 0:
+        at = start + len(fmt.open)
+        while True:
+            try:
+                call, end = _named_call(fmt, text, at, tools)
+            except ValueError as e:
+                call, end = RawCall("", "", f"{e}; write {fmt.example}"), _named_end(text, at, fmt)
+            calls.append(call)
+            if not (fmt.chained and fmt.head.match(text, _WS.match(text, end).end())):
+                break
+            at = _WS.match(text, end).end()
+        spans.append((start, end, end))
+        pos = max(end, start + 1)
+    content = outside(text, spans)
+    for marker in fmt.section:
         content = content.replace(marker, "")
     return content.strip(), None, calls
 
@@ -103,27 +335,119 @@ _G_DIALECT = {"string_delims": [[_G_QUOTE, _G_QUOTE]], "unquoted_keys": True}
 _G_EXAMPLE = f"{_G_OPEN}call:<tool name>{{key:{_G_QUOTE}text{_G_QUOTE},n:3}}{_G_CLOSE}"
 
 
-def _gemma4_call(body: str) -> RawCall:
+_PY_WORDS = re.compile(r"\b(None|True|False)\b")
+
+
+def _python_words(args: str) -> str:
+    """Gemma 4's template writes Python's None/True/False for non-string values: JSON's words, outside strings."""
+    parts = args.split(_G_QUOTE)
+    words = {"None": "null", "True": "true", "False": "false"}
+    return _G_QUOTE.join(p if i % 2 else _PY_WORDS.sub(lambda m: words[m[1]], p) for i, p in enumerate(parts))
+
+
+def _gemma4_call(body: str, tools: ToolIndex | None) -> RawCall:
     name, brace, args = body.partition("{")
     name = name.removeprefix("call:").strip()
     if not brace or not name:
         return RawCall("", "", f"the tool call has no 'call:NAME{{' head: {short(body)}; write {_G_EXAMPLE}")
     try:
-        value = dialect_json("{" + args, _G_DIALECT)
+        value = dialect_json("{" + _python_words(args), _G_DIALECT)
     except (ValueError, RecursionError) as e:
         msg = str(e).splitlines()[0]
         return RawCall(name, "", f"the arguments of {name} do not parse ({msg}): {short(args)}; write {_G_EXAMPLE}")
     if not isinstance(value, dict):
         return RawCall(name, "", f"the arguments of {name} must be an object; write {_G_EXAMPLE}")
-    return RawCall(name, arguments_json(value))
+    return RawCall(name, arguments_json({k: retype(tools, name, k, v) for k, v in value.items()}))
+
+
+def _gemma4_blocks(text: str) -> list[tuple[int, int, int]]:
+    """Each call's ``(start, body_end, end)``: it ends at the first ``<tool_call|>`` outside a ``<|"|>`` string
+    (a value holding Gemma's own call markup is text); an unclosed one runs to the end."""
+    out, pos = [], 0
+    while (start := text.find(_G_OPEN, pos)) >= 0:
+        at, quoted = start + len(_G_OPEN), False
+        while True:
+            close, quote = text.find(_G_CLOSE, at), text.find(_G_QUOTE, at)
+            if quote >= 0 and (close < 0 or quote < close):
+                quoted, at = not quoted, quote + len(_G_QUOTE)
+            elif close >= 0 and not quoted:
+                out.append((start, close, close + len(_G_CLOSE)))
+                break
+            elif close >= 0:
+                at = close + len(_G_CLOSE)
+            else:
+                out.append((start, len(text), len(text)))
+                return out
+        pos = out[-1][2]
+    return out
 
 
 def parse_gemma4(text: str, tools: ToolIndex | None = None) -> Parsed:
-    content, calls = read_blocks(text, _G_OPEN, _G_CLOSE, _G_EXAMPLE, _gemma4_call)
+    content, calls = read_blocks(text, _G_OPEN, _G_CLOSE, _G_EXAMPLE, lambda body: _gemma4_call(body, tools),
+                                 spans=_gemma4_blocks(text))
     return content, None, calls
 
 
-HERMES = WireFormat("hermes", parse_hermes, _HERMES_EXAMPLE)
-LLAMA3 = WireFormat("llama3", parse_llama3, _LLAMA_EXAMPLE)
-DEEPSEEK = WireFormat("deepseek", parse_deepseek, _DS_EXAMPLE)
-GEMMA4 = WireFormat("gemma4", parse_gemma4, _G_EXAMPLE)
+# ---------------------------------------------------------------- the families
+
+_OBJ = '{"name": "<tool name>", "arguments": {...}}'
+_CALL_OBJECT = re.compile(r'\{\s*(?:"(?:name|function)"\s*:|"type"\s*:\s*"function")')
+_CALL_LIST = re.compile(r'\[\s*\{\s*(?:"(?:name|function)"\s*:|"type"\s*:\s*"function")')
+_ARGS_KEY = re.compile(r'"(?:arguments|parameters)"\s*:')
+
+JSON_FAMILIES = (
+    JsonCalls("hermes", "qwen", ("<tool_call>",), f"<tool_call>\n{_OBJ}\n</tool_call>", close="</tool_call>"),
+    JsonCalls("qwen_coder", "qwen-coder", ("<tools>",), f"<tools>\n{_OBJ}\n</tools>", close="</tools>"),
+    JsonCalls("internlm2", "internlm2", ("<|action_start|><|plugin|>",), f"<|action_start|><|plugin|>\n{_OBJ}"
+              "<|action_end|>", close="<|action_end|>"),
+    JsonCalls("minimax_m1", "minimax-m1", ("<tool_calls>",), f"<tool_calls>\n{_OBJ}\n</tool_calls>",
+              close="</tool_calls>"),
+    JsonCalls("nemotron_json", "nemotron-json", ("<TOOLCALL>",), f"<TOOLCALL>[{_OBJ}]</TOOLCALL>", close="</TOOLCALL>"),
+    JsonCalls("granite", "granite", ("<|tool_call|>",), f"<|tool_call|>[{_OBJ}]"),
+    JsonCalls("mistral_v3", "mistral", ("[TOOL_CALLS]",),
+              '[TOOL_CALLS][{"name": "<tool name>", "arguments": {...}, "id": "<9 letters or digits>"}]'),
+    JsonCalls("apertus", "apertus", ("<|tools_prefix|>",), '<|tools_prefix|>[{"<tool name>": {...}}]<|tools_suffix|>',
+              close="<|tools_suffix|>", name_is_key=True),
+    JsonCalls("phi4", "phi4", ("functools",), f"functools[{_OBJ}]"),
+    JsonCalls("json_list", "json-list", (), f"[{_OBJ}]", bare=_CALL_LIST, fences=("```json", "```")),
+    JsonCalls("llama3", "llama3", ("<|python_tag|>",), '{"name": "<tool name>", "parameters": {...}}',
+              bare=_CALL_OBJECT, arg_keys=("parameters", "arguments")),
+)
+
+_DS_BEGIN, _DS_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+_DS_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+
+NAMED_FAMILIES = (
+    NamedCalls(
+        "deepseek", "deepseek", _DS_BEGIN,
+        # V3: function<sep>NAME\n```json\n{..}\n```  |  V3.1: NAME<sep>{..}
+        re.compile(r"(?:function)?" + _DS_SEP + r"(?P<name>[^\n<]+)\n(?=```)|(?P<name2>[^<\n]+?)" + _DS_SEP),
+        f"{_DS_CALLS[0]}{_DS_BEGIN}function{_DS_SEP}<tool name>\n```json\n{{...}}\n```{_DS_END}{_DS_CALLS[1]}",
+        close=_DS_END, section=_DS_CALLS, fence=True),
+    NamedCalls(
+        "kimi", "kimi", "<|tool_call_begin|>",
+        re.compile(r"\s*(?P<id>(?:functions\.)?(?P<name>[^\s:<]+)(?::\d+)?)\s*<\|tool_call_argument_begin\|>"),
+        "<|tool_calls_section_begin|><|tool_call_begin|>functions.<tool name>:0<|tool_call_argument_begin|>{...}"
+        "<|tool_call_end|><|tool_calls_section_end|>",
+        close="<|tool_call_end|>", section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")),
+    NamedCalls(
+        "mistral", "mistral", "[TOOL_CALLS]",
+        re.compile(r"\s*(?P<name>[^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*(?P<id>[^\s\[\]]+)\s*)?\[ARGS\]"),
+        "[TOOL_CALLS]<tool name>[ARGS]{...}", chained=True),
+)
+
+
+def _json_format(fmt: JsonCalls) -> WireFormat:
+    return WireFormat(fmt.name, lambda text, tools=None: parse_json_calls(fmt, text, tools), fmt.example, fmt.family,
+                      bare=fmt.bare is not None)
+
+
+def _named_format(fmt: NamedCalls) -> WireFormat:
+    return WireFormat(fmt.name, lambda text, tools=None: parse_named_calls(fmt, text, tools), fmt.example, fmt.family)
+
+
+FORMATS = (
+    WireFormat("gemma4", parse_gemma4, _G_EXAMPLE, "gemma4"),
+    *(_named_format(f) for f in NAMED_FAMILIES),
+    *(_json_format(f) for f in JSON_FAMILIES),
+)

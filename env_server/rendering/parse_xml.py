@@ -1,164 +1,297 @@
-"""Raw-text-value wire formats: one tag per argument, values typed by the tool's schema.
+"""Tag wire formats: one tag per argument, values written raw and typed by the tool's schema.
 
-- ``xml``: ``<tool_call>\\n<function=NAME>\\n<parameter=K>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``
-  (Qwen3.5/3.6/3.8, Qwen3-Coder, Nemotron 3). The template writes ``\\n`` + value + ``\\n``, so exactly
-  one leading and one trailing newline are removed (a value's own trailing newline is kept,
-  unlike ``parse_response``). The attribute syntax ``<atem:invoke name="NAME"><atem:parameter
-  name="K">VALUE</atem:parameter>`` is the same format with other tags and no added newlines.
-- ``arg_kv`` (GLM-4.5/4.6/4.7): ``<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n</tool_call>``;
-  GLM-4.7 drops the newlines. Values are written raw.
+One reader, configured per family (``TAG_FAMILIES``):
+- ``xml`` (Qwen3.5/3.6/3.8, Qwen3-Coder, Nemotron 3): ``<tool_call>\\n<function=NAME>\\n<parameter=K>\\nV\\n
+  </parameter>\\n</function>\\n</tool_call>``; the template frames each value in one newline on each
+  side, which is removed (a value's own newlines are kept, unlike ``parse_response``);
+- ``seed`` (Seed-OSS): the same tags in ``<seed:tool_call>``, values unframed;
+- ``minimax`` (MiniMax M2): ``<minimax:tool_call>\\n<invoke name="NAME">\\n<parameter name="K">V</parameter>
+  \\n</invoke>\\n</minimax:tool_call>``, several invokes per block;
+- ``atem``: ``<atem:function_calls><atem:invoke name="NAME"><atem:parameter name="K">V</atem:parameter>``;
+- ``arg_kv`` (GLM-4.5/4.6/4.7): ``<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n
+  </tool_call>`` (GLM-4.7 drops the newlines).
 
-A closing tag inside a value (code that prints ``"</parameter>"``) is taken as the value's end
-only where the next tag follows it, so such values survive. String parameters keep their text;
-the others are parsed per their JSON Schema type (values.py).
+Where a value ends comes from the grammar, never from the first closing tag (what vLLM's, SGLang's
+and llama.cpp's parsers do, so a model writing a file that holds tool-call markup runs a phantom
+call): a closing tag ends a value only where the grammar allows one there, i.e. followed by a
+parameter the tool declares (and has not had yet) or by the call's end; the value's own markup must
+be balanced (an opening tag at the start of a line that the value does not close means the model
+forgot this value's closing tag: the call is refused with that message, not run with the next
+parameter inside the value); and the text after the block must not hold stray closing tags (what a
+wrong cut inside a value that holds a whole call leaves behind). The candidates are tried in order
+(backtracking); when none leaves clean text after the block (a closing tag that no opening tag
+after the block accounts for), the first is taken. A call that does
+not read at all is a call with ``error`` naming the furthest problem found.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .parsing import Parsed, RawCall, WireFormat, blocks, outside, read_blocks, short
+from .parsing import Parsed, RawCall, WireFormat, outside, short
 from .values import ToolIndex, arguments_json, typed_value
+
+_WS = re.compile(r"\s*")
+_MAX_ALTERNATIVES = 64  # readings tried per block before taking the first (markup nested in values)
 
 
 @dataclass(frozen=True)
 class TagSyntax:
-    call_open: re.Pattern  # group 1: the function name
+    name: str  # the wire format's key
+    family: str
+    wrap: tuple[str, str] | None  # the block around calls; None: each call stands alone
+    call_open: re.Pattern  # group 1: the tool name
     call_close: str
     param_open: re.Pattern  # group 1: the parameter name
     param_close: str
-    newlines: bool  # the template wraps each value in one newline on each side
+    frame: str  # what the template writes on each side of a value, removed once
+    shapes: tuple[str, str]  # the call and parameter tags as the model writes them, for messages
     example: str
 
 
-QWEN_XML = TagSyntax(
-    re.compile(r"<function=([^>\n]+)>"), "</function>", re.compile(r"<parameter=([^>\n]+)>"), "</parameter>", True,
-    "<tool_call>\n<function=<tool name>>\n<parameter=<name>>\n<value>\n</parameter>\n</function>\n</tool_call>",
-)
-ATEM_XML = TagSyntax(
-    re.compile(r'<atem:invoke name="([^"\n]+)">'), "</atem:invoke>",
-    re.compile(r'<atem:parameter name="([^"\n]+)">'), "</atem:parameter>", False,
-    '<atem:function_calls>\n<atem:invoke name="<tool name>">\n<atem:parameter name="<name>"><value>'
-    "</atem:parameter>\n</atem:invoke>\n</atem:function_calls>",
-)
+def _tags(syn: TagSyntax) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
+    """(any opener of a block or call, the markup a value's balance check counts: openers at the start of a
+    line, closers anywhere, each group named by its kind, and the same with openers anywhere)."""
+    kinds = {"call": (syn.call_open.pattern, re.escape(syn.call_close)),
+             "param": (syn.param_open.pattern, re.escape(syn.param_close))}
+    if syn.wrap:
+        kinds["wrap"] = (re.escape(syn.wrap[0]), re.escape(syn.wrap[1]))
+    opens = [f"(?P<open_{k}>{o})" for k, (o, _) in kinds.items()]
+    closes = [f"(?P<close_{k}>{c})" for k, (_, c) in kinds.items()]
+    markup = r"(?m)^[ \t]*(?:" + "|".join(opens) + ")|" + "|".join(closes)
+    anywhere = "|".join(opens + closes)
+    block = "|".join(f"(?:{p})" for p in [syn.call_open.pattern] + ([re.escape(syn.wrap[0])] if syn.wrap else []))
+    return re.compile(block), re.compile(_renumbered(markup)), re.compile(_renumbered(anywhere))
 
 
-def _value_end(text: str, pos: int, close: str, next_tags: re.Pattern) -> int:
-    """Where the value starting at ``pos`` ends: the first ``close`` followed by the next tag or the end."""
-    search = pos
-    while (at := text.find(close, search)) >= 0:
-        if next_tags.match(text, at + len(close)):
-            return at
-        search = at + 1
-    return -1
+def _renumbered(pattern: str) -> str:
+    """The syntax's patterns capture the name (group 1); inside the markup pattern those groups are dropped."""
+    return re.sub(r"\((?!\?)", "(?:", pattern)
 
 
-def _params(text: str, pos: int, end: int, name: str, syn: TagSyntax, tools: ToolIndex | None):
-    """Parameters from ``pos`` up to the call's closing tag: (arguments, error)."""
-    after_value = re.compile(r"\s*(?:" + syn.param_open.pattern + "|" + re.escape(syn.call_close) + r"|\Z)")
-    args: dict = {}
-    while True:
-        pos = len(text[pos:end]) - len(text[pos:end].lstrip()) + pos
-        if text.startswith(syn.call_close, pos):
-            return args, None
-        m = syn.param_open.match(text, pos, end)
-        if not m:
-            return args, f"expected {syn.param_open.pattern} or {syn.call_close} at {short(text[pos:end], 60)!r}"
-        value_end = _value_end(text[:end], m.end(), syn.param_close, after_value)
-        if value_end < 0:
-            return args, f"the parameter {m[1]!r} was not closed with {syn.param_close}"
-        raw = text[m.end():value_end]
-        if syn.newlines:
-            raw = raw.removeprefix("\n").removesuffix("\n")
-        args[m[1].strip()] = typed_value(tools, name, m[1].strip(), raw)
-        pos = value_end + len(syn.param_close)
+class _Reader:
+    """One completion read with one syntax. Alternatives are generators, earliest value ends first."""
 
+    def __init__(self, syn: TagSyntax, text: str, tools: ToolIndex | None) -> None:
+        self.syn, self.text, self.tools = syn, text, tools or {}
+        self.opener, self.markup, self.tags = _SYNTAX_TAGS[syn.name]
+        self.closers = tuple(c for c in (syn.param_close, syn.call_close, syn.wrap[1] if syn.wrap else None) if c)
+        self.failure: tuple[int, str] = (-1, "")
 
-def _xml_calls(text: str, syn: TagSyntax, tools: ToolIndex | None) -> list[RawCall]:
-    calls = []
-    for m in syn.call_open.finditer(text):
+    def fail(self, pos: int, message: str) -> None:
+        """Keep the problem found furthest into the text (the first one found there): what the model is told."""
+        if pos > self.failure[0]:
+            self.failure = (pos, message)
+
+    # ------------------------------------------------------------ the grammar
+
+    def block(self, start: int) -> Iterator[tuple[list[RawCall], int]]:
+        syn, text = self.syn, self.text
+        if syn.wrap and text.startswith(syn.wrap[0], start):
+            yield from self.calls_then_close(start + len(syn.wrap[0]), [])
+        else:
+            for call, end in self.call(start):
+                yield [call], end
+
+    def calls_then_close(self, pos: int, done: list[RawCall]) -> Iterator[tuple[list[RawCall], int]]:
+        syn, text = self.syn, self.text
+        at = _WS.match(text, pos).end()
+        if done and text.startswith(syn.wrap[1], at):
+            yield done, at + len(syn.wrap[1])
+            return
+        if not syn.call_open.match(text, at):
+            self.fail(at, (f"expected {syn.wrap[1]} after the call" if done else
+                           f"{syn.wrap[0]} is not followed by a call tag {syn.shapes[0]}")
+                      + f" at {short(text[at:], 60)!r}")
+            return
+        for call, end in self.call(at):
+            yield from self.calls_then_close(end, done + [call])
+
+    def call(self, start: int) -> Iterator[tuple[RawCall, int]]:
+        m = self.syn.call_open.match(self.text, start)
         name = m[1].strip()
-        close = text.rfind(syn.call_close, m.end(), _next_call(text, syn, m.end()))
-        if close < 0:
-            calls.append(RawCall(name, "", f"the call to {name} was not closed with {syn.call_close}; "
-                                           f"write {syn.example}"))
-            continue
-        args, error = _params(text, m.end(), close + len(syn.call_close), name, syn, tools)
-        calls.append(RawCall(name, "", f"{error}; write {syn.example}") if error else RawCall(name, arguments_json(args)))
-    return calls
+        for args, end in self.params(name, m.end(), {}):
+            typed = {k: typed_value(self.tools, name, k, v) for k, v in args.items()}
+            yield RawCall(name, arguments_json(typed)), end
 
-
-def _next_call(text: str, syn: TagSyntax, pos: int) -> int:
-    m = syn.call_open.search(text, pos)
-    return m.start() if m else len(text)
-
-
-def parse_xml(text: str, tools: ToolIndex | None = None) -> Parsed:
-    for syn, wrapper in ((QWEN_XML, ("<tool_call>", "</tool_call>")),
-                         (ATEM_XML, ("<atem:function_calls>", "</atem:function_calls>"))):
-        if syn.call_open.search(text):
-            return outside(text, blocks(text, *wrapper)), None, _xml_calls(text, syn, tools)
-    # A <tool_call> without a function tag is a malformed call, not plain text.
-    spans = blocks(text, "<tool_call>", "</tool_call>")
-    calls = [RawCall("", "", f"the tool call has no <function=NAME> tag: {short(text[s:e])}; write {QWEN_XML.example}")
-             for s, _, e in spans]
-    return outside(text, spans), None, calls
-
-
-# ---------------------------------------------------------------- GLM arg_key / arg_value
-
-_KV_EXAMPLE = "<tool_call><tool name>\n<arg_key><name></arg_key>\n<arg_value><value></arg_value>\n</tool_call>"
-_KV_PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>", re.DOTALL)
-_KV_NEXT = re.compile(r"\s*(?:<arg_key>|</tool_call>|\Z)")
-
-
-def _kv_call(body: str, tools: ToolIndex | None) -> RawCall:
-    head = body.find("<arg_key>")
-    name = (body if head < 0 else body[:head]).strip()
-    if not name:
-        return RawCall("", "", f"the tool call has no name: {short(body)}; write {_KV_EXAMPLE}")
-    args: dict = {}
-    pos = len(name) if head < 0 else head
-    while pos < len(body) and body[pos:].strip():
-        m = _KV_PAIR.match(body, pos)
+    def params(self, name: str, pos: int, args: dict[str, str]) -> Iterator[tuple[dict[str, str], int]]:
+        syn, text = self.syn, self.text
+        at = _WS.match(text, pos).end()
+        if text.startswith(syn.call_close, at):
+            yield args, at + len(syn.call_close)
+            return
+        m = syn.param_open.match(text, at)
         if not m:
-            return RawCall(name, "", f"expected <arg_key>..</arg_key><arg_value> at {short(body[pos:], 60)!r}; "
-                                     f"write {_KV_EXAMPLE}")
-        end = _value_end(body, m.end(), "</arg_value>", _KV_NEXT)
-        if end < 0:
-            return RawCall(name, "", f"the value of {m[1]!r} was not closed with </arg_value>; write {_KV_EXAMPLE}")
+            self.fail(at, f"expected {syn.shapes[1]} or {syn.call_close} in the call to {name} at "
+                          f"{short(text[at:], 60)!r}" if at < len(text) else
+                      f"the call to {name} was not closed with {syn.call_close}")
+            return
         key = m[1].strip()
-        args[key] = typed_value(tools, name, key, body[m.end():end])
-        pos = end + len("</arg_value>")
-    return RawCall(name, arguments_json(args))
+        declared = self.tools.get(name)
+        if key in args or (declared and key not in declared):
+            self.fail(at, f"the parameter {key!r} is given twice in the call to {name}" if key in args else
+                      f"{name} has no parameter {key!r} (its parameters: {', '.join(declared)})")
+            return
+        ends = 0
+        for end in self.value_ends(name, m.end(), args.keys() | {key}):
+            ends += 1
+            value = text[m.end():end]
+            unclosed = self.unclosed_markup(value, name, args.keys() | {key})
+            if unclosed:
+                self.fail(m.end(), f"the parameter {key!r} of {name} was not closed with {syn.param_close} before "
+                                   f"{unclosed!r}")
+                continue
+            yield from self.params(name, end + len(syn.param_close), {**args, key: _unframe(value, syn.frame)})
+        if not ends:
+            self.fail(m.end(), f"the parameter {key!r} of {name} was not closed with {syn.param_close}")
+
+    def value_ends(self, name: str, start: int, given: set[str]) -> Iterator[int]:
+        """Each closing tag after ``start`` that the grammar allows: followed by the call's end or by a parameter
+        the tool declares (any name, for a tool the schema does not describe) that it has not had yet."""
+        syn, text = self.syn, self.text
+        declared = self.tools.get(name)
+        at = start
+        while (at := text.find(syn.param_close, at)) >= 0:
+            after = _WS.match(text, at + len(syn.param_close)).end()
+            nxt = syn.param_open.match(text, after)
+            if text.startswith(syn.call_close, after) or (
+                    nxt and nxt[1].strip() not in given and (not declared or nxt[1].strip() in declared)):
+                yield at
+            at += 1
+
+    def unclosed_markup(self, value: str, name: str, given: set[str]) -> str:
+        """The first opening tag at the start of a line that the value does not close, or "": a call's or block's,
+        or a parameter's that the tool declares and has not had (the model forgot this value's closing tag before
+        it). A tag the tool does not declare is the value's own text (code that writes this markup)."""
+        declared = self.tools.get(name)
+        stack: list[tuple[str, str]] = []  # (kind, the tag as written)
+        for m in self.markup.finditer(value):
+            what, kind = m.lastgroup.split("_", 1)
+            tag = m[0].strip()
+            if what == "open":
+                if kind == "param" and declared and (
+                        (p := self.syn.param_open.match(tag)) is None or p[1].strip() not in declared
+                        or p[1].strip() in given):
+                    continue
+                stack.append((kind, tag))
+            elif stack and stack[-1][0] == kind:
+                stack.pop()
+        return stack[0][1] if stack else ""
+
+    # ------------------------------------------------------------ the completion
+
+    def clean_after(self, pos: int) -> bool:
+        """No closing tag after ``pos`` that no opening tag before it (after ``pos``) accounts for: what a cut
+        inside a value leaves behind (the value's own later markup, and then its real closing tags)."""
+        depth = 0
+        for m in self.tags.finditer(self.text, pos):
+            depth += 1 if m.lastgroup.startswith("open") else -1
+            if depth < 0:
+                return False
+        return True
+
+    def read(self) -> tuple[str, list[RawCall]]:
+        text, spans, calls, pos = self.text, [], [], 0
+        while (m := self.opener.search(text, pos)) is not None:
+            start = m.start()
+            self.failure = (-1, "")
+            first = None
+            for k, (found, end) in enumerate(self.block(start)):
+                if first is None:
+                    first = (found, end)
+                if self.clean_after(end):
+                    first = (found, end)
+                    break
+                if k + 1 >= _MAX_ALTERNATIVES:
+                    break
+            if first is None:
+                message = self.failure[1] or f"the tool call does not read: {short(text[start:], 80)!r}"
+                first = ([RawCall(_name_at(self.syn, text, start), "", f"{message}; write {self.syn.example}")],
+                         self.unread_end(start))
+            found, end = first
+            spans.append((start, end, end))
+            calls.extend(found)
+            pos = end
+        return outside(text, spans), calls
+
+    def unread_end(self, start: int) -> int:
+        """Where a block that does not read ends: at its closing tag (the first one after which the text is clean:
+        not one inside a value), else where the next block starts on a line of its own, else the text's end.
+        Never inside the block: markup in its values must not become calls."""
+        text, close = self.text, self.syn.wrap[1] if self.syn.wrap else self.syn.call_close
+        at, first = start, -1
+        while (at := text.find(close, at + 1)) >= 0:
+            end = at + len(close)
+            if self.clean_after(end):
+                return end
+            first = end if first < 0 else first
+        if first >= 0:
+            return first
+        pos = _after_opening(self.syn, text, start)
+        while (m := self.opener.search(text, pos)) is not None:
+            if m.start() == 0 or text[m.start() - 1] == "\n":
+                return m.start()
+            pos = m.start() + 1
+        return len(text)
 
 
-def parse_arg_kv(text: str, tools: ToolIndex | None = None) -> Parsed:
-    content, calls = read_blocks(text, "<tool_call>", "</tool_call>", _KV_EXAMPLE, lambda body: _kv_call(body, tools),
-                                 spans=_kv_blocks(text))
+def _unframe(value: str, frame: str) -> str:
+    return value.removeprefix(frame).removesuffix(frame) if frame else value
+
+
+def _name_at(syn: TagSyntax, text: str, start: int) -> str:
+    """The tool name of a call that does not read, if its opening tag names one."""
+    at = start + len(syn.wrap[0]) if syn.wrap and text.startswith(syn.wrap[0], start) else start
+    m = syn.call_open.match(text, _WS.match(text, at).end())
+    return m[1].strip() if m else ""
+
+
+def _after_opening(syn: TagSyntax, text: str, start: int) -> int:
+    """Past the block's opening tag and its first call's: a later block may start from there."""
+    at = start + len(syn.wrap[0]) if syn.wrap and text.startswith(syn.wrap[0], start) else start
+    m = syn.call_open.match(text, _WS.match(text, at).end())
+    return m.end() if m else at + 1
+
+
+def parse_tags(syn: TagSyntax, text: str, tools: ToolIndex | None = None) -> Parsed:
+    content, calls = _Reader(syn, text, tools).read()
     return content, None, calls
 
 
-def _kv_blocks(text: str) -> list[tuple[int, int, int]]:
-    """Like parsing.blocks, but a ``</tool_call>`` inside a value does not end the call."""
-    out, pos = [], 0
-    while (start := text.find("<tool_call>", pos)) >= 0:
-        search = start
-        while True:
-            close = text.find("</tool_call>", search)
-            if close < 0:
-                out.append((start, len(text), len(text)))
-                return out
-            # Inside a value when an <arg_value> opened after the last </arg_value>.
-            body = text[start:close]
-            if body.rfind("<arg_value>") <= body.rfind("</arg_value>"):
-                break
-            search = close + 1
-        out.append((start, close, close + len("</tool_call>")))
-        pos = close + len("</tool_call>")
-    return out
+TAG_FAMILIES = (
+    TagSyntax("xml", "qwen-xml", ("<tool_call>", "</tool_call>"), re.compile(r"<function=([^>\n]+)>"), "</function>",
+              re.compile(r"<parameter=([^>\n]+)>"), "</parameter>", "\n",
+              ("<function=NAME>", "<parameter=NAME>"),
+              "<tool_call>\n<function=<tool name>>\n<parameter=<name>>\n<value>\n</parameter>\n</function>\n"
+              "</tool_call>"),
+    TagSyntax("seed", "seed-oss", ("<seed:tool_call>", "</seed:tool_call>"), re.compile(r"<function=([^>\n]+)>"),
+              "</function>", re.compile(r"<parameter=([^>\n]+)>"), "</parameter>", "",
+              ("<function=NAME>", "<parameter=NAME>"),
+              "<seed:tool_call>\n<function=<tool name>>\n<parameter=<name>><value></parameter>\n</function>\n"
+              "</seed:tool_call>"),
+    TagSyntax("minimax", "minimax-m2", ("<minimax:tool_call>", "</minimax:tool_call>"),
+              re.compile(r'<invoke name="([^"\n]+)">'), "</invoke>", re.compile(r'<parameter name="([^"\n]+)">'),
+              "</parameter>", "", ('<invoke name="NAME">', '<parameter name="NAME">'),
+              '<minimax:tool_call>\n<invoke name="<tool name>">\n<parameter name="<name>"><value></parameter>\n'
+              "</invoke>\n</minimax:tool_call>"),
+    TagSyntax("atem", "atem", ("<atem:function_calls>", "</atem:function_calls>"),
+              re.compile(r'<atem:invoke name="([^"\n]+)">'), "</atem:invoke>",
+              re.compile(r'<atem:parameter name="([^"\n]+)">'), "</atem:parameter>", "",
+              ('<atem:invoke name="NAME">', '<atem:parameter name="NAME">'),
+              '<atem:function_calls>\n<atem:invoke name="<tool name>">\n<atem:parameter name="<name>"><value>'
+              "</atem:parameter>\n</atem:invoke>\n</atem:function_calls>"),
+    TagSyntax("arg_kv", "glm", None, re.compile(r"<tool_call>([^<\n]*?)(?=\s*(?:<arg_key>|</tool_call>))"),
+              "</tool_call>", re.compile(r"<arg_key>([^<\n]*)</arg_key>\s*<arg_value>"), "</arg_value>", "",
+              ("<tool_call>NAME", "<arg_key>NAME</arg_key><arg_value>"),
+              "<tool_call><tool name>\n<arg_key><name></arg_key>\n<arg_value><value></arg_value>\n</tool_call>"),
+)
+_SYNTAX_TAGS = {syn.name: _tags(syn) for syn in TAG_FAMILIES}
 
 
-XML = WireFormat("xml", parse_xml, QWEN_XML.example)
-ARG_KV = WireFormat("arg_kv", parse_arg_kv, _KV_EXAMPLE)
+def _format(syn: TagSyntax) -> WireFormat:
+    return WireFormat(syn.name, lambda text, tools=None: parse_tags(syn, text, tools), syn.example, syn.family)
+
+
+FORMATS = tuple(_format(syn) for syn in TAG_FAMILIES)

@@ -1,29 +1,27 @@
 """Tool-call parsing: what every wire format shares, and the registry of wire formats.
 
-Why our own parsers and not ``transformers``' ``parse_response`` at run time (measured in
-/work/research-families/REPORT.md §3): its response templates decode the arguments into Python
-objects, so the JSON text the model wrote is lost (the trainer's contract is "arguments: the
-JSON text as written"); one malformed call makes the whole message fail, while each malformed
-call must get its own tool message saying what was wrong; it strips whitespace from XML/GLM
-values (code loses its trailing newline), cannot see closers inside strings (an LFM ``)`` or an
-XML ``</parameter>`` inside a value cuts it), misses gpt-oss's real header order and GLM-4.7's
-newline-free form, and covers nothing for DeepSeek. It is right on well-formed Hermes, Llama 3
-and Gemma 4 output, so the tests use it as an oracle there; its schema typing rules
-(``_coerce``) are reused as is (values.py), and so is its JSON-dialect reader for Gemma 4.
+Why our own parsers and not ``transformers``' ``parse_response`` at run time: its response templates
+decode the arguments into Python objects, so the JSON text the model wrote is lost (the trainer's
+contract is "arguments: the JSON text as written"); one malformed call makes the whole message
+fail, while each malformed call must get its own tool message saying what was wrong; it strips
+whitespace from XML/GLM values (code loses its trailing newline) and ends a value at the first
+closing tag, even one inside the value; it covers nothing for DeepSeek, Kimi, MiniMax, Mistral or
+Seed-OSS. vLLM's and SGLang's parsers are regular expressions per family with the same first-closer
+rule, and llama.cpp's PEG parsers read a value ``until`` its closer; none of them can tell a value
+that holds a call from a call. So the boundaries here come from each family's grammar:
+- JSON formats (``parse_json``): ``json``'s own decoder reads each call from its marker, so the
+  JSON decides where it ends;
+- XML formats (``parse_xml``): a value ends only at a closing tag the grammar allows there, checked
+  against the tool's declared parameters and the rest of the completion (backtracking);
+- pythonic formats (``parse_pythonic``): Python's own parser (``ast``) reads the call list.
+transformers' ``parse_response`` is right on well-formed Hermes, Llama 3 and Gemma 4 output, so the
+tests use it as an oracle there; its JSON-dialect reader is reused for Gemma 4.
 
-So there is one parser per wire format, not per family; a family is a configuration of one:
-- ``parse_json``: JSON in markers: ``hermes`` (Qwen2.5/3 ``<tool_call>``), ``llama3`` (bare
-  ``{"name", "parameters"}``), ``deepseek`` (``<｜tool▁call▁begin｜>`` markers, fenced JSON),
-  ``gemma4`` (``<|tool_call>call:NAME{...}`` in Gemma's JSON dialect);
-- ``parse_xml``: ``xml`` (``<function=NAME><parameter=K>`` of Qwen3.5+/Nemotron 3, and the
-  ``<atem:invoke name=..>`` attribute syntax) and ``arg_kv`` (GLM ``<arg_key>/<arg_value>``);
-- ``parse_pythonic``: ``pythonic`` and ``pythonic_raw`` (LFM2 ``[f(a='x')]``, read with ``ast``, never
-  ``eval``; Python string literals, or the LFM2.5 template's unescaped ones);
-- ``parse_harmony``: ``harmony`` (gpt-oss channels).
-
-A parser takes the completion text without its stop token (harmony keeps it: ``<|call|>``
-delimits a call) and with reasoning already split off, plus the session's tools (to type raw
-values), and returns ``(content, reasoning, calls)``.
+A wire format is a configuration of one of these readers (a row of a table), not a parser per
+family. A parser takes the completion text without its stop token (harmony keeps it: ``<|call|>``
+delimits a call) and with reasoning already split off, plus the session's tools (to type values),
+and returns ``(content, reasoning, calls)``; a call it cannot read is a call with ``error``, which the
+model gets as its tool message.
 """
 
 from __future__ import annotations
@@ -58,7 +56,9 @@ class WireFormat:
     name: str
     parse: Callable[[str, ToolIndex | None], Parsed]
     example: str  # what a well-formed call looks like, for error messages
+    family: str  # the label registration reports (RegisterTokenizerResponse.template_family)
     delimited_by_stop: bool = False  # the stop token is part of the call (harmony's <|call|>)
+    bare: bool = False  # calls start with no marker of their own: registration tries these last
 
 
 def json_object_spans(text: str) -> dict[str, tuple[object, str]]:
@@ -105,52 +105,6 @@ def json_object_spans(text: str) -> dict[str, tuple[object, str]]:
 
 def short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
-
-
-def arguments_object_text(text: str, example: str) -> tuple[str, str | None]:
-    """(the arguments JSON text as written, error): it must be one JSON object."""
-    body = text.strip()
-    try:
-        json_object_spans(body)
-    except ValueError as e:
-        return "", f"the arguments are not valid JSON ({e}): {short(body)}; write {example}"
-    return body, None
-
-
-def _arguments_text(fields: dict[str, tuple[object, str]], keys: tuple[str, ...]) -> tuple[str | None, str | None]:
-    """(arguments JSON text, error) from the first of ``keys`` present; missing means ``{}``."""
-    for key in keys:
-        if key not in fields:
-            continue
-        value, raw = fields[key]
-        if isinstance(value, dict):
-            return raw, None
-        if isinstance(value, str):
-            # Some models write the arguments object as a JSON string; accept it if it holds an object.
-            try:
-                inner = json.loads(value)
-            except (ValueError, RecursionError):
-                inner = None
-            if isinstance(inner, dict):
-                return value, None
-        return None, f'"{key}" must be a JSON object of arguments, got {short(raw)}'
-    return "{}", None
-
-
-def call_from_json(body: str, arg_keys: tuple[str, ...], example: str) -> RawCall:
-    """A call from ``{"name": ..., "<arg key>": {...}}`` text; malformed input gives a call with ``error``."""
-    try:
-        fields = json_object_spans(body)
-    except ValueError as e:
-        return RawCall("", "", f"the tool call is not valid JSON ({e}): {short(body.strip())}; write {example}")
-    name = fields.get("name", (None, ""))[0]
-    if not isinstance(name, str) or not name.strip():
-        return RawCall("", "", f'the tool call has no "name" string: {short(body.strip())}; write {example}')
-    arguments, error = _arguments_text(fields, arg_keys)
-    if error:
-        return RawCall(name, "", f"{error}; write {example}")
-    written_id = fields.get("id", ("", ""))[0]
-    return RawCall(name, arguments or "{}", None, written_id if isinstance(written_id, str) else "")
 
 
 def split_reasoning(text: str, open_tag: str, close_tag: str, prefilled: bool = True) -> tuple[str | None, str]:
@@ -209,10 +163,8 @@ def outside(text: str, spans: list[tuple[int, int, int]]) -> str:
 
 
 def formats() -> dict[str, WireFormat]:
-    """Every wire format, in the order registration tries them."""
-    from .parse_harmony import HARMONY
-    from .parse_json import DEEPSEEK, GEMMA4, HERMES, LLAMA3
-    from .parse_pythonic import PYTHONIC, PYTHONIC_RAW
-    from .parse_xml import ARG_KV, XML
+    """Every wire format, in the order registration tries them: marked formats first, bare ones last."""
+    from . import parse_harmony, parse_json, parse_pythonic, parse_xml
 
-    return {f.name: f for f in (HARMONY, GEMMA4, DEEPSEEK, ARG_KV, PYTHONIC, PYTHONIC_RAW, XML, LLAMA3, HERMES)}
+    every = parse_harmony.FORMATS + parse_json.FORMATS + parse_xml.FORMATS + parse_pythonic.FORMATS
+    return {f.name: f for f in sorted(every, key=lambda f: f.bare)}

@@ -1,6 +1,6 @@
 """The registration probe: what a template needs and does, found by rendering it (never by its name).
 
-Steps, each named in a refusal (REPORT.md §5 of /work/research-families):
+Steps, each named in a refusal:
 1. message shape: an assistant call turn and its result must render (tool name, arguments and
    output all present); tried with arguments as a mapping, then as JSON text (a JSON-text template
    raises on a mapping or prints its Python repr), content "" then None, no system message then
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from .errors import UnsupportedTemplateError
-from .families import LABELS, FamilyRules, MessageStyle
+from .families import FamilyRules, MessageStyle
 from .messages import assistant, head, tool
 from .parsing import formats, split_reasoning
 from .template import ChatTemplate, lcp
@@ -244,11 +244,9 @@ def decide(t: ChatTemplate) -> FamilyRules:
     stops = p.stop_tokens(boundary, answer_end)
     tags, prefilled = p.reasoning_tags(style)
     wire = p.wire_format(style, boundary, overlap, (tags, prefilled), max_calls)
-    label = LABELS[wire]
+    label = formats()[wire].family
     if wire == "hermes" and "<|im_start|>" not in t.source:
         label = "hermes"
-    elif wire == "xml" and "<atem:" in t.source:
-        label = "atem"
     notes = []
     if style.json_args:
         notes.append("the template reads tool-call arguments as JSON text")

@@ -19,6 +19,21 @@ from transformers.utils.chat_template_utils import (
     mark_control_tokens,
 )
 
+_PREFILL = 64  # a generation prompt may end in up to this much text its turn does not render ('<think>\n')
+
+
+def _after_tail(prompt: str, rendered: str, start: int) -> int:
+    """Where ``rendered`` continues after the longest ending of ``prompt`` it holds past ``start``."""
+    lo, hi, best = 8, min(len(prompt), 4096), start
+    while lo <= hi:  # a longer ending is found only if a shorter one is: binary search on the length
+        mid = (lo + hi) // 2
+        at = rendered.find(prompt[-mid:], start)
+        if at >= 0:
+            best, lo = at + mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
 
 def lcp(a: str, b: str) -> int:
     """Length of the common prefix (C-speed: whole-string and halving slice comparisons)."""
@@ -87,6 +102,10 @@ class ChatTemplate:
         """Where ``rendered`` leaves the generation ``prompt``: their common prefix, moved back to the start of
         an added token it would cut (DeepSeek prefills '<think>' where the turn renders '<｜tool▁calls▁begin｜>')."""
         start = lcp(prompt, rendered)
+        if len(prompt) - start > _PREFILL:
+            # The opening conversation renders otherwise once the turn follows (Mistral Nemo writes the system
+            # message into the last user turn only): the turn starts after the prompt's own ending.
+            start = _after_tail(prompt, rendered, start)
         for token, at in self.added_tokens_in(rendered, max(0, start - 64), start + 64):
             if at < start < at + len(token):
                 return at

@@ -81,6 +81,13 @@ def test_check_tokenizer_command(capsys):
     assert "family:        glm" in out and "parser:        arg_kv" in out and "<|observation|> = " in out
     assert "overlap rule" in out and "suffix text: '\\n<tool_response>\\n42\\n" in out and "suffix ids:  [" in out
     assert out.rstrip().endswith("verdict: ACCEPTED")
+    # Realistic outputs: prose then a call, two calls, and code holding GLM's own call markup runs once, as code.
+    realistic = out[out.index("prose, then a call"):]
+    runs = [line.split("would run:", 1)[1].rsplit("  id ", 1)[0].strip() for line in realistic.splitlines()
+            if "would run:" in line]
+    assert runs[:3] == ['run_python({"code": "print(6 * 7)"})', 'run_python({"code": "print(6 * 7)"})',
+                        'lookup({"word": "naïve"})']
+    assert len(runs) == 4 and runs[3].startswith('run_python({"code": "doc = ') and "<tool_call>run_python" in runs[3]
     assert check_main([str(build_tokenizer_dir(template="phi3"))]) == 1
     out = capsys.readouterr().out
     assert "verdict: REFUSED" in out and "step 'message shape'" in out

@@ -7,8 +7,13 @@ import json
 
 import pytest
 
-from env_server.rendering.parse_json import parse_deepseek
+from env_server.rendering.parsing import formats
 
+
+def parse_deepseek(text):
+    return formats()["deepseek"].parse(text, None)
+
+from .corpus import CORPUS_TOOLS
 from .helpers import TOOLS, Turn, assistant_message, ctx_for, model_completion
 
 
@@ -156,3 +161,112 @@ def test_agrees_with_parse_response_where_it_is_right(template, schema):
     theirs = parse_response(text, getattr(t, schema), prefix=prefix, tools=TOOLS)
     ours = ctx.parse_completion(completion, tools=TOOLS)
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in theirs["tool_calls"]] == calls_of(ours)
+
+
+# ---------------------------------------------------------------- the failure classes of real outputs
+
+@pytest.mark.parametrize("content", [
+    # Phantom calls: a file whose text is a tool call in the family's own markup is one write, never two calls.
+    "<tool_call>\n<function=run_python>\n<parameter=code>\nimport os\n</parameter>\n</function>\n</tool_call>",
+    # A line like the end of a parameter is a boundary only where the tool declares what follows it.
+    "a\n</parameter>\n<parameter=mode>\nfast",
+])
+def test_xml_value_holding_markup_runs_once_as_the_value(content):
+    ctx = ctx_for("qwen3_6")
+    text = ("</think>\n\n<tool_call>\n<function=write_file>\n<parameter=path>\nagent.md\n</parameter>\n"
+            f"<parameter=content>\n{content}\n</parameter>\n</function>\n</tool_call><|im_end|>")
+    assert calls_of(parse(ctx, text, CORPUS_TOOLS)) == [("write_file", {"path": "agent.md", "content": content})]
+
+
+def test_xml_parameter_without_its_closing_tag_is_reported_not_run():
+    """Silent corruption: the next parameter's text must not run inside this one's value."""
+    ctx = ctx_for("qwen3_6")
+    text = "</think>\n\n" + WEATHER.replace("Paris\n</parameter>", "Paris") + "<|im_end|>"
+    (call,) = parse(ctx, text).tool_calls
+    assert call.name == "get_weather" and call.arguments == ""
+    assert "'city' of get_weather was not closed with </parameter> before '<parameter=zip>'" in call.error
+
+
+def test_llama3_call_after_prose_is_a_call():
+    ctx = ctx_for("llama3_1")
+    p = parse(ctx, 'Let me look that up.\n{"name": "lookup", "parameters": {"word": "naïve"}}<|eot_id|>')
+    assert calls_of(p) == [("lookup", {"word": "naïve"})] and p.content == "Let me look that up."
+
+
+def test_lfm_escaped_quote_is_read_as_python():
+    ctx = ctx_for("lfm2_2_5")
+    p = parse(ctx, "<|tool_call_start|>[lookup(word='Martha\\'s')]<|tool_call_end|><|im_end|>")
+    assert calls_of(p) == [("lookup", {"word": "Martha's"})]
+
+
+def test_values_are_typed_by_the_schema():
+    from env_server.rendering.values import Param, cast
+
+    optional_text, obj = Param(("string",), required=False), Param(("object",), required=True)
+    assert cast("null", optional_text) is None and cast("None", optional_text) is None
+    assert cast("None", Param(("string",), required=True)) == "None"  # a required string is never altered
+    assert cast("{'a': True, 'b': None}", obj) == {"a": True, "b": None}  # a Python literal
+    assert cast('"{\\"a\\": 1}"', obj) == {"a": 1}  # JSON encoded twice
+    assert cast("3.0", Param(("integer",), True)) == 3 and cast("True", Param(("boolean",), True)) is True
+    assert cast("seven", Param(("integer",), True)) == "seven"  # the environment says what is wrong
+
+
+# ---------------------------------------------------------------- call ids the model writes
+
+
+def test_kimi_ids_are_what_the_model_wrote_and_results_answer_them():
+    ctx = ctx_for("kimi_k2")
+    text = ('<|tool_calls_section_begin|><|tool_call_begin|>functions.lookup:0<|tool_call_argument_begin|>'
+            '{"word": "a"}<|tool_call_end|><|tool_call_begin|>functions.run_python:1<|tool_call_argument_begin|>'
+            '{"code": "1"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
+    p = parse(ctx, text)
+    assert [c.id for c in p.tool_calls] == ["functions.lookup:0", "functions.run_python:1"]
+    suffix = ctx.decode(ctx.render_suffix(p.tool_calls, [{"content": "A"}, {"content": "1"}], None).ids)
+    # (this template writes a literal backslash-n after the id)
+    assert "## Return of functions.lookup:0\\nA" in suffix and "## Return of functions.run_python:1\\n1" in suffix
+
+
+@pytest.mark.parametrize("written, expected", [("abcDEF123", "abcDEF123"), ("x", "c00001x00"), ("", "c00001x00")])
+def test_mistral_call_ids_written_or_ours_where_the_template_refuses_them(written, expected):
+    ctx = ctx_for("mistral_small_3_2")
+    call_id = f"[CALL_ID]{written}" if written else ""
+    p = ctx.parse_completion(ids(ctx, f'[TOOL_CALLS]lookup{call_id}[ARGS]{{"word": "w"}}</s>'), seq=1, tools=TOOLS)
+    assert [(c.id, c.name, c.error) for c in p.tool_calls] == [(expected, "lookup", None)]
+    suffix = ctx.decode(ctx.render_suffix(p.tool_calls, [{"content": "out"}], None).ids)
+    assert suffix == f"[TOOL_RESULTS]{expected}[TOOL_CONTENT]out[/TOOL_RESULTS]"
+
+
+def test_mistral_v3_json_ids_and_a_repeated_id():
+    ctx = ctx_for("mistral_nemo")
+    text = ('[TOOL_CALLS][{"name": "lookup", "arguments": {"word": "a"}, "id": "abcdefghi"}, '
+            '{"name": "lookup", "arguments": {"word": "b"}, "id": "abcdefghi"}]</s>')
+    p = ctx.parse_completion(ids(ctx, text), seq=2, tools=TOOLS)
+    assert [c.id for c in p.tool_calls] == ["abcdefghi", "c00002x01"]  # tool results must answer distinct calls
+
+
+def test_llama3_json_answer_that_is_not_a_call_stays_text():
+    ctx = ctx_for("llama3_1")
+    p = parse(ctx, 'The record is {"name": "Bob", "age": 3}.<|eot_id|>')
+    assert p.tool_calls == [] and p.content == 'The record is {"name": "Bob", "age": 3}.'
+
+
+@pytest.mark.parametrize("wire, text", [
+    # Formats no committed template writes today (their templates are refused for other reasons): the parser alone.
+    ("granite", 'Sure.<|tool_call|>[{"name": "lookup", "arguments": {"word": "<|tool_call|>[]"}}, '
+                '{"name": "get_weather", "arguments": {"city": "Paris", "zip": "75001", "days": "3"}}]'),
+    ("nemotron_json", '<TOOLCALL>[{"name": "lookup", "arguments": {"word": "</TOOLCALL>"}}, '
+                      '{"name": "get_weather", "arguments": {"city": "Paris", "zip": "75001", "days": 3}}]</TOOLCALL>'),
+    ("phi4", 'functools[{"name": "lookup", "arguments": {"word": "functools[]"}}, '
+             '{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\", \\"zip\\": \\"75001\\", \\"days\\": 3}"}]'),
+    ("apertus", '<|tools_prefix|>[{"lookup": {"word": "<|tools_suffix|>"}}, '
+                '{"get_weather": {"city": "Paris", "zip": "75001", "days": 3}}]<|tools_suffix|>'),
+])
+def test_json_list_formats_without_a_template(wire, text):
+    from env_server.rendering.values import tool_index
+
+    content, _, calls = formats()[wire].parse(text, tool_index(TOOLS))
+    word = {"granite": "<|tool_call|>[]", "nemotron_json": "</TOOLCALL>", "phi4": "functools[]",
+            "apertus": "<|tools_suffix|>"}[wire]
+    assert [(c.name, json.loads(c.arguments), c.error) for c in calls] == [
+        ("lookup", {"word": word}, None), ("get_weather", {"city": "Paris", "zip": "75001", "days": 3}, None)]
+    assert content == ("Sure." if wire == "granite" else "")

@@ -1,0 +1,61 @@
+"""Outputs as models write them, through a real server: RegisterTokenizer, OpenSession, Step in a sandbox.
+
+For families whose calls carry markup a value can hold, and whose call ids the model writes: code whose
+text holds the family's own writing of a call runs once (the sandbox prints its length), a second turn
+with prose and two calls runs both in order, each tool message answers the call id the model wrote,
+and the ids stay the template's own render, round after round.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from env_server.rendering import messages as msgs
+from tests.server.test_families_server import _expected, _open
+from tito import wire
+from tito.v1 import environment_pb2 as pb
+
+pytestmark = pytest.mark.docker
+
+
+def _written(ctx, conv, tools, calls, content=""):
+    style = ctx.rules.style
+    turn = msgs.assistant(style, [(f"c{len(conv):04d}x{i:03d}"[:9], n, a) for i, (n, a) in enumerate(calls)],
+                          "Let me compute." if style.reasoning_field else None, content)
+    return turn, ctx.completion_text(conv, turn, tools)
+
+
+@pytest.mark.parametrize("template", ["kimi_k2", "mistral_small_3_2", "minimax_m2", "seed_oss", "llama4_json",
+                                      "olmo3", "qwen3_6"])
+def test_markup_in_code_runs_once_and_results_answer_the_written_ids(stub, template):
+    ctx, conv, opened, tools = _open(stub, template)
+    sid = opened.session_id
+    try:
+        _, markup = _written(ctx, conv, tools, [("run_python", {"code": "print(6 * 7)"})])
+        code = f"doc = {markup!r}\nprint(len(doc))"
+        turns = [[("run_python", {"code": code})],
+                 [("run_python", {"code": "print(1)"}), ("run_python", {"code": "print(2)"})]]
+        for seq, calls in enumerate(turns, start=1):
+            turn, text = _written(ctx, conv, tools, calls, content="Running it." if seq == 2 else "")
+            completion = ctx.encode(text)
+            r = stub.Step(pb.StepRequest(session_id=sid, seq=seq, completion_ids=completion), timeout=120)
+            assert r.status == pb.STEP_STATUS_OK, r.detail
+            assert [(c.name, json.loads(c.arguments)) for c in r.tool_calls] == calls  # no phantom call, in order
+            assert [m.tool_call_id for m in r.tool_messages] == [c.id for c in r.tool_calls]
+            ids = [c.id for c in r.tool_calls]
+            if ctx.rules.wire == "mistral":  # the ids the model wrote ([CALL_ID]), answered in the tool turn
+                assert ids == [t["id"] for t in turn["tool_calls"]]
+                assert all(i in ctx.decode(list(r.suffix_ids)) for i in ids)
+            if ctx.rules.wire == "kimi":  # the template writes functions.NAME:index for the model
+                assert ids == [f"functions.run_python:{i}" for i in range(len(calls))]
+            outputs = [m.content.strip() for m in r.tool_messages]
+            assert outputs == ([str(len(markup))] if seq == 1 else ["1", "2"]), outputs
+            # The call turn as the tool results answer it, for the template's own render of the conversation.
+            answered = dict(turn, tool_calls=[dict(t, id=c.id) for t, c in zip(turn["tool_calls"], r.tool_calls)])
+            conv = conv + [answered] + [wire.message_from_pb(m).to_dict() for m in r.tool_messages]
+            expected = _expected(ctx, conv, tools)
+            assert expected[len(expected) - len(r.suffix_ids):] == list(r.suffix_ids), f"round {seq}"
+    finally:
+        stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
