@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from env_server.rendering import TokenizerRegistry  # noqa: E402
 from env_server.rendering import messages as msgs  # noqa: E402
+from tito.types import Message  # noqa: E402
 from tests.rendering.helpers import TOOLS  # noqa: E402
 from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files  # noqa: E402
 
@@ -65,7 +66,7 @@ def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
         t0, c0 = time.perf_counter(), time.thread_time()
         parsed = ctx.parse_completion(completion, seq=1, tools=TOOLS)
         c1 = time.thread_time()
-        results = [msgs.tool(c.name, c.id, output) for c in parsed.tool_calls]
+        results = [Message.tool_result(c, output) for c in parsed.tool_calls]
         ctx.render_suffix(parsed.tool_calls, results, budget, later_round=turns > 0)
         cpu.append((time.thread_time() - c0) * 1e3)
         parse_cpu.append((c1 - c0) * 1e3)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from env_server.sandbox.docker_sandbox import new_session_id
 from env_server.sandbox.pool import SandboxPool
 from env_server.sandbox.pools import TASK_IMAGE_BUILD_HINT, SandboxPools
 from env_server.sessions import Session, SessionRegistry
-from tito.types import (EnvironmentInfo, Message, OpenedSession, OpenSessionRequest, RegisterTokenizerRequest,
+from tito.types import (EnvironmentInfo, OpenedSession, OpenSessionRequest, RegisterTokenizerRequest,
                         StepRequest, StepResult, TokenizerRegistration)
 
 log = logging.getLogger(__name__)
@@ -88,9 +87,10 @@ class Engine:
         info = env_cls.info()
         prompt_ids: list[int] = []
         if renderer is not None:
-            messages = [_template_message(m, i) for i, m in enumerate(request.messages)]
             try:
-                prompt_ids = renderer.render_prompt(messages, [t.openai_spec() for t in info.tools])
+                prompt_ids = renderer.render_prompt(request.messages, info.tools)
+            except ValueError as e:  # the conversation itself is wrong
+                raise RequestError(ErrorKind.INVALID_ARGUMENT, f"the opening messages: {e}") from e
             except Exception as e:
                 raise RequestError(
                     ErrorKind.INVALID_ARGUMENT,
@@ -187,34 +187,3 @@ class Engine:
                 "(this server may have restarted or evicted it from its cache)",
             )
         return ctx
-
-
-def _json_object(text: str, field: str) -> dict[str, Any]:
-    if not text.strip():
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RequestError(ErrorKind.INVALID_ARGUMENT, f"{field} is not valid JSON: {e}") from e
-    except RecursionError:
-        raise RequestError(ErrorKind.INVALID_ARGUMENT, f"{field} is nested too deeply to parse") from None
-    if not isinstance(value, dict):
-        raise RequestError(ErrorKind.INVALID_ARGUMENT, f"{field} must be a JSON object")
-    return value
-
-
-def _template_message(m: Message, index: int) -> dict[str, Any]:
-    """A message as chat templates read it; tool-call arguments must be JSON objects."""
-    d: dict[str, Any] = {"role": str(m.role), "content": m.content}
-    if m.role == "tool":
-        d["name"] = m.name
-        d["tool_call_id"] = m.tool_call_id
-    if m.reasoning_content:
-        d["reasoning_content"] = m.reasoning_content
-    if m.tool_calls:
-        d["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {
-                "name": c.name, "arguments": _json_object(c.arguments, f"messages[{index}].tool_calls[{j}].arguments")}}
-            for j, c in enumerate(m.tool_calls)
-        ]
-    return d

@@ -7,9 +7,11 @@ the suffix is re-rendered from the cut messages.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 
-from .messages import as_messages
+from tito.types import Message
+
 from .template import ChatTemplate
 from .types import SuffixResult
 
@@ -18,40 +20,40 @@ def truncation_marker(removed: int) -> str:
     return f"\n…[{removed} tokens truncated]…\n"
 
 
-def fit(t: ChatTemplate, messages: list[dict], budget: int, suffix_ids: Callable[[list[dict]], list[int]]
-        ) -> SuffixResult:
+def fit(t: ChatTemplate, messages: Sequence[Message], budget: int,
+        suffix_ids: Callable[[tuple[Message, ...]], list[int]]) -> SuffixResult:
     """The suffix of ``messages`` cut to ``budget`` tokens, or an overflow if not even empty outputs fit."""
-    contents = [t.encode_plain(m["content"]) for m in messages]
+    messages = tuple(messages)
+    contents = [t.encode_plain(m.content) for m in messages]
     lengths = [len(c) for c in contents]
 
-    def build(keeps: list[int]) -> tuple[list[dict], int]:
+    def build(keeps: list[int]) -> tuple[tuple[Message, ...], int]:
         out, removed_total = [], 0
         for m, ids, keep in zip(messages, contents, keeps):
-            m = dict(m)
             if keep < len(ids):
                 removed = len(ids) - keep
                 head, tail = (keep + 1) // 2, keep // 2
-                m["content"] = (_decode_clean(t, ids[:head], "head") + truncation_marker(removed)
-                                + _decode_clean(t, ids[len(ids) - tail:] if tail else [], "tail"))
+                m = dataclasses.replace(m, content=_decode_clean(t, ids[:head], "head") + truncation_marker(removed)
+                                        + _decode_clean(t, ids[len(ids) - tail:] if tail else [], "tail"))
                 removed_total += removed
             out.append(m)
-        return out, removed_total
+        return tuple(out), removed_total
 
     minimal, removed_all = build([0] * len(messages))
     minimal_ids = suffix_ids(minimal)
     if len(minimal_ids) > budget:
-        return SuffixResult(ids=[], truncated=False, overflow=True, tool_messages=as_messages(messages))
+        return SuffixResult(ids=[], truncated=False, overflow=True, tool_messages=messages)
     slack = budget - len(minimal_ids)
     for _ in range(8):
         cut, removed = build(_water_fill(lengths, slack))
         ids = suffix_ids(cut)
         if len(ids) <= budget:
-            return SuffixResult(ids=ids, truncated=True, overflow=False, tool_messages=as_messages(cut),
+            return SuffixResult(ids=ids, truncated=True, overflow=False, tool_messages=cut,
                                 removed_tokens=removed)
         slack -= len(ids) - budget  # re-tokenization at the cut can cost a few tokens more
         if slack <= 0:
             break
-    return SuffixResult(ids=minimal_ids, truncated=True, overflow=False, tool_messages=as_messages(minimal),
+    return SuffixResult(ids=minimal_ids, truncated=True, overflow=False, tool_messages=minimal,
                         removed_tokens=removed_all)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from jinja2.exceptions import TemplateError
 
-from tito.types import Message, ToolCall
+from tito.types import Message, ToolCall, ToolSpec
 
 from . import messages as msgs
 from .budget import fit
@@ -95,20 +95,29 @@ class RenderingContext:
         conv = self.sanitize(msgs.normalize(messages, self.rules.style))
         return self.encode(self.render_text(conv, self.sanitize(tools), add_generation_prompt))
 
-    def render_prompt(self, messages: list[dict], tools: list[dict]) -> list[int]:
-        """The opening conversation with the tools and the generation prompt."""
+    def render_prompt(self, messages: Sequence[Message], tools: Sequence[ToolSpec]) -> list[int]:
+        """The opening conversation with the tools and the generation prompt. Raises ValueError for a
+        conversation the client got wrong (empty, call arguments that are not a JSON object)."""
         if not messages:
             raise ValueError("the opening conversation is empty: send at least one user message")
-        return self.render_conversation(messages, tools, add_generation_prompt=True)
+        conv = []
+        for i, m in enumerate(messages):
+            try:
+                conv.append(msgs.template_message(m, self.rules.style))
+            except ValueError as e:
+                raise ValueError(f"messages[{i}].{e}") from None
+        specs = [t.openai_spec() for t in tools]
+        return self.encode(self.render_text(self.sanitize(conv), self.sanitize(specs), True))
 
     # ------------------------------------------------------------ completion
 
-    def parse_completion(self, completion_ids: list[int], seq: int = 0, tools: Iterable[Any] | None = None
-                         ) -> ParsedCompletion:
+    def parse_completion(self, completion_ids: list[int], seq: int = 0,
+                         tools: Sequence[ToolSpec] | Sequence[dict] | None = None) -> ParsedCompletion:
         """Decode an assistant turn (the answer to Step ``seq``) and parse its tool calls.
 
-        ``tools``: the session's tool specs (OpenAI-style dicts or ToolSpec); they type the values of
-        formats that write raw text (XML parameters, GLM, pythonic)."""
+        ``tools``: the session's tool specs (the registration check passes its probe tools as the
+        OpenAI-style dicts it renders); they type the values of formats that write raw text (XML
+        parameters, GLM, pythonic)."""
         vocab = self.template.vocab_size
         for i in completion_ids:
             if not isinstance(i, int) or not 0 <= i < vocab:
@@ -252,17 +261,18 @@ class RenderingContext:
                 "refusing rather than returning ids the trainer would train on")
         return second[len(prefix):]
 
-    def _suffix_ids(self, tool_calls: Sequence[ToolCall], group: list[dict], later_round: bool) -> list[int]:
-        return self.encode(self.suffix_text(tool_calls, group, later_round))
+    def _suffix_ids(self, tool_calls: Sequence[ToolCall], group: Sequence[Message], later_round: bool) -> list[int]:
+        return self.encode(self.suffix_text(tool_calls, [msgs.template_message(m, self.rules.style) for m in group],
+                                            later_round))
 
-    def render_suffix(self, tool_calls: Sequence[ToolCall], tool_messages: Sequence[Message | dict],
+    def render_suffix(self, tool_calls: Sequence[ToolCall], tool_messages: Sequence[Message],
                       max_suffix_tokens: int | None, later_round: bool = False) -> SuffixResult:
         """Suffix ids for one tool group, cut to ``max_suffix_tokens`` (None: no limit; 0 is a budget).
         `later_round`: not the session's first tool round."""
         group = msgs.tool_group(tool_calls, tool_messages)
         ids = self._suffix_ids(tool_calls, group, later_round)
         if max_suffix_tokens is None or len(ids) <= max_suffix_tokens:
-            return SuffixResult(ids=ids, truncated=False, overflow=False, tool_messages=msgs.as_messages(group))
+            return SuffixResult(ids=ids, truncated=False, overflow=False, tool_messages=group)
         return fit(self.template, group, max_suffix_tokens, lambda cut: self._suffix_ids(tool_calls, cut, later_round))
 
     # ------------------------------------------------------------ the model's turn, as the template writes it

@@ -60,7 +60,7 @@ def run_trajectory(ctx: RenderingContext, rounds: list[Round], label: str, reaso
     conv = msgs.head(style, {"role": "user", "content": "What is 6 times 7? Use the tools."})
     if system and conv[0]["role"] != "system":
         conv = [dict(msgs.SYSTEM)] + conv
-    ours = ctx.render_prompt(conv, GOLDEN_TOOLS)
+    ours = ctx.render_conversation(conv, GOLDEN_TOOLS, add_generation_prompt=True)
     exact = 0
     for k, rnd in enumerate(rounds):
         turn = msgs.assistant(style, [(style.call_id(k + 1, i), n, a) for i, (n, a) in enumerate(rnd.calls)],

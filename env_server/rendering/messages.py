@@ -5,6 +5,7 @@ golden check and the per-step suffix, so all three render exactly the same shape
 messages always carry the tool's ``name`` and the call's ``tool_call_id`` (Gemma 4 matches
 results to calls by id, gpt-oss names the tool turn), calls always carry ``type: "function"``
 (DeepSeek V3 reads it), and arguments are a mapping or JSON text as the template needs.
+`template_message` is the one conversion of a `tito.types.Message` into that dict form.
 """
 
 from __future__ import annotations
@@ -58,19 +59,38 @@ def tool(name: str, call_id: str, content: str) -> dict:
     return {"role": "tool", "content": content, "name": name, "tool_call_id": call_id}
 
 
-def tool_group(tool_calls: Sequence[ToolCall], tool_messages: Sequence[Message | dict]) -> list[dict]:
-    """The tool messages of one step as the template reads them, names and ids filled from the calls."""
+def tool_group(tool_calls: Sequence[ToolCall], tool_messages: Sequence[Message]) -> tuple[Message, ...]:
+    """The tool messages of one step, each with its call's tool name and id where it has none."""
     out = []
     for i, m in enumerate(tool_messages):
-        m = Message.coerce(m if isinstance(m, Message) else {"role": "tool", **m})
         call = tool_calls[i] if i < len(tool_calls) else None
-        out.append(tool(m.name or (call.name if call else ""), m.tool_call_id or (call.id if call else ""), m.content))
-    return out
+        out.append(Message(role=Role.TOOL, content=m.content, name=m.name or (call.name if call else ""),
+                           tool_call_id=m.tool_call_id or (call.id if call else "")))
+    return tuple(out)
 
 
-def as_messages(group: list[dict]) -> tuple[Message, ...]:
-    return tuple(Message(role=Role.TOOL, content=m["content"], name=m["name"], tool_call_id=m["tool_call_id"])
-                 for m in group)
+def template_message(m: Message, style: MessageStyle) -> dict:
+    """A message in this template's dict form: the one conversion from `tito.types.Message`.
+
+    Raises ValueError when an assistant turn's call arguments are not a JSON object (a template
+    would render them wrongly or not at all)."""
+    if m.role is Role.TOOL:
+        return tool(m.name, m.tool_call_id, m.content)
+    if m.role is not Role.ASSISTANT or not (m.tool_calls or m.reasoning_content):
+        return {"role": str(m.role), "content": m.content}
+    calls = []
+    for j, c in enumerate(m.tool_calls):
+        try:
+            args = json.loads(c.arguments) if c.arguments.strip() else {}
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"tool_calls[{j}].arguments is not valid JSON ({e})") from None
+        if not isinstance(args, dict):
+            raise ValueError(f"tool_calls[{j}].arguments must be a JSON object")
+        calls.append((c.id, c.name, args))
+    msg = assistant(style, calls, m.reasoning_content or None, m.content)
+    if m.reasoning_content and not style.reasoning_field:
+        msg["reasoning_content"] = m.reasoning_content  # the template may still read it under this name
+    return msg
 
 
 _DROP_EMPTY = ("tool_calls", "reasoning_content", "name", "tool_call_id")

@@ -12,7 +12,7 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 from env_server.rendering import RenderingContext, TokenizerRegistry
 from env_server.rendering import messages as msgs
-from tito.types import ToolCall
+from tito.types import Message, ToolCall, ToolSpec
 from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
 
 TEMPLATES = ["qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3_1", "gptoss"]
@@ -47,6 +47,12 @@ TOOLS = [
         },
     },
 ]
+
+
+def tool_specs(tools: list[dict]) -> list[ToolSpec]:
+    """OpenAI-style tool dicts as the `ToolSpec`s the renderer takes."""
+    return [ToolSpec(t["function"]["name"], t["function"].get("description", ""), t["function"]["parameters"])
+            for t in tools]
 
 REGISTRY = TokenizerRegistry(max_entries=96)  # every template the walk registers
 _FILES: dict[str, dict[str, bytes]] = {}
@@ -148,7 +154,7 @@ def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, ch
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Compute things with the tools."},
     ]
-    ours = ctx.render_prompt(conv, TOOLS)
+    ours = ctx.render_prompt([Message.coerce(m) for m in conv], tool_specs(TOOLS))
     assert ours == template_ids(ctx, conv), "prompt ids differ from apply_chat_template"
     w = Walk(ours=ours, conv=conv)
     for k, turn in enumerate(turns):
@@ -162,9 +168,7 @@ def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, ch
         assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls][: len(written)] == written
         style = ctx.rules.style
         calls = [ToolCall(style.call_id(k, i), n, json.dumps(a)) for i, (n, a) in enumerate(turn.calls)]
-        results = [
-            {"role": "tool", "content": out, "name": c.name, "tool_call_id": c.id} for c, out in zip(calls, turn.outputs)
-        ]
+        results = [Message.tool_result(c, out) for c, out in zip(calls, turn.outputs)]
         suffix = ctx.render_suffix(calls, results, budget, later_round=k > 0)
         assert not suffix.overflow
         w.suffixes.append(suffix)

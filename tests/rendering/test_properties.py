@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tito.types import ToolCall
+from tito.types import Message, Role, ToolCall
 
 from .helpers import Turn, ctx_for, walk
 
@@ -33,7 +33,7 @@ def test_random_outputs_join_exactly(out, template):
 )
 def test_budget_always_respected(out, budget, template):
     ctx = ctx_for(template)
-    s = ctx.render_suffix([ToolCall("call_0", "run_python", "{}")], [{"role": "tool", "content": out}], budget)
+    s = ctx.render_suffix([ToolCall("call_0", "run_python", "{}")], [Message(Role.TOOL, out)], budget)
     if s.overflow:
         assert s.ids == []
     else:

@@ -12,7 +12,7 @@ from env_server.rendering import (
     UnsupportedTemplateError,
 )
 from tito import fingerprint as fp
-from tito.types import ToolCall
+from tito.types import Message, Role, ToolCall
 from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
 
 from .helpers import REGISTRY, ctx_for, files_for
@@ -110,8 +110,8 @@ def test_a_template_whose_rounds_keep_changing_is_refused_and_deepseeks_two_shap
     deepseek = REGISTRY.register(files_for("deepseekv3"), {})
     assert deepseek.rounds_differ and not ctx_for("qwen2_5").rounds_differ
     call = [ToolCall("c", "run_python", "{}")]
-    first = deepseek.decode(deepseek.render_suffix(call, [{"role": "tool", "content": "7"}], None).ids)
-    later = deepseek.decode(deepseek.render_suffix(call, [{"role": "tool", "content": "7"}], None, later_round=True).ids)
+    first = deepseek.decode(deepseek.render_suffix(call, [Message(Role.TOOL, "7")], None).ids)
+    later = deepseek.decode(deepseek.render_suffix(call, [Message(Role.TOOL, "7")], None, later_round=True).ids)
     assert first.startswith("<｜tool▁outputs▁begin｜>") and later.startswith("<｜tool▁output▁begin｜>7")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 from jinja2.exceptions import TemplateError
 
-from tito.types import ToolCall
+from tito.types import Message, Role, ToolCall
 
 from .helpers import TEMPLATES, Turn, assistant_message, ctx_for, template_ids, walk
 
@@ -75,7 +75,7 @@ def test_parallel_calls_llama3_1():
     assert [c.name for c in parsed.tool_calls] == [PY, "lookup"]
     assert parsed.tool_calls[0].error is None and "one tool call per turn" in parsed.tool_calls[1].error.replace("1 tool", "one tool")
     calls = parsed.tool_calls
-    msgs = [{"role": "tool", "content": "1"}, {"role": "tool", "content": "Error: not run"}]
+    msgs = [Message(Role.TOOL, "1"), Message(Role.TOOL, "Error: not run")]
     suffix = ctx.render_suffix(calls, msgs, None)
     assert ctx.decode(suffix.ids) == (
         '<|start_header_id|>ipython<|end_header_id|>\n\n"1"<|eot_id|>'
@@ -144,7 +144,7 @@ def test_long_output_cut_by_budget(template):
 def test_parallel_long_outputs_cut_fairly(template):
     ctx = ctx_for(template)
     calls = [ToolCall("call_0", PY, "{}"), ToolCall("call_1", PY, "{}")]
-    msgs = [{"role": "tool", "content": "short"}, {"role": "tool", "content": "y " * 5000}]
+    msgs = [Message(Role.TOOL, "short"), Message(Role.TOOL, "y " * 5000)]
     s = ctx.render_suffix(calls, msgs, 150)
     assert s.truncated and len(s.ids) <= 150
     assert s.tool_messages[0].content == "short"  # short outputs stay whole
@@ -155,13 +155,13 @@ def test_parallel_long_outputs_cut_fairly(template):
 def test_overflow_when_minimal_suffix_does_not_fit(template):
     ctx = ctx_for(template)
     calls = [ToolCall("call_0", PY, "{}")]
-    s = ctx.render_suffix(calls, [{"role": "tool", "content": "z" * 1000}], 5)
+    s = ctx.render_suffix(calls, [Message(Role.TOOL, "z" * 1000)], 5)
     assert s.overflow and s.ids == []
 
 
 def test_budget_not_needed_is_exact(ctx):
     calls = [ToolCall("call_0", PY, "{}")]
-    msgs = [{"role": "tool", "content": "ok"}]
+    msgs = [Message(Role.TOOL, "ok")]
     full = ctx.render_suffix(calls, msgs, None)
     same = ctx.render_suffix(calls, msgs, len(full.ids))
     assert same.ids == full.ids and not same.truncated
@@ -202,7 +202,7 @@ def test_non_canonical_completion_split():
     is kept verbatim: the suffix starts after the stop token and joins exactly."""
     ctx = ctx_for("qwen2_5")
     tok = ctx.tokenizer
-    conv = [{"role": "user", "content": "hi"}]
+    conv = [Message(Role.USER, "hi")]
     prompt = ctx.render_prompt(conv, [])
     byte_ids = [tok.convert_tokens_to_ids(c) for c in "Hello"]  # 'H','e','l','l','o' single-byte tokens
     body = tok.encode('\n{"name": "run_python", "arguments": {"code": "1"}}\n', add_special_tokens=False)
@@ -214,14 +214,14 @@ def test_non_canonical_completion_split():
     assert tok.encode(tok.decode(completion), add_special_tokens=False) != completion  # non-canonical
     parsed = ctx.parse_completion(completion)
     assert parsed.content == "Hello" and parsed.tool_calls[0].name == "run_python"
-    suffix = ctx.render_suffix(parsed.tool_calls, [{"role": "tool", "content": "1"}], None)
+    suffix = ctx.render_suffix(parsed.tool_calls, [Message(Role.TOOL, "1")], None)
     full = prompt + completion + suffix.ids
     asst = {
         "role": "assistant",
         "content": "Hello",
         "tool_calls": [{"type": "function", "function": {"name": "run_python", "arguments": {"code": "1"}}}],
     }
-    tool = {"role": "tool", "content": "1"}
+    tool = Message(Role.TOOL, "1")
     expected_text = tok.apply_chat_template(conv + [asst, tool], tokenize=False, add_generation_prompt=True)
     assert tok.decode(full) == expected_text
     expected = tok.apply_chat_template(
@@ -259,4 +259,4 @@ def test_suffix_refuses_when_not_prefix_stable():
     broken = RenderingContext(fingerprint="x", rules=ctx.rules, template=ChatTemplate(ctx.tokenizer, source, {}),
                               renderer_version=ctx.renderer_version)
     with pytest.raises(SuffixRenderError, match="not prefix-stable"):
-        broken.render_suffix([ToolCall("call_0", PY, "{}")], [{"role": "tool", "content": "1"}], None)
+        broken.render_suffix([ToolCall("call_0", PY, "{}")], [Message(Role.TOOL, "1")], None)

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from tito.types import Message, Role
+
 from env_server.rendering.parsing import formats
 
 
@@ -221,7 +223,7 @@ def test_kimi_ids_are_what_the_model_wrote_and_results_answer_them():
             '{"code": "1"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
     p = parse(ctx, text)
     assert [c.id for c in p.tool_calls] == ["functions.lookup:0", "functions.run_python:1"]
-    suffix = ctx.decode(ctx.render_suffix(p.tool_calls, [{"content": "A"}, {"content": "1"}], None).ids)
+    suffix = ctx.decode(ctx.render_suffix(p.tool_calls, [Message(Role.TOOL, "A"), Message(Role.TOOL, "1")], None).ids)
     # (this template writes a literal backslash-n after the id)
     assert "## Return of functions.lookup:0\\nA" in suffix and "## Return of functions.run_python:1\\n1" in suffix
 
@@ -232,7 +234,7 @@ def test_mistral_call_ids_written_or_ours_where_the_template_refuses_them(writte
     call_id = f"[CALL_ID]{written}" if written else ""
     p = ctx.parse_completion(ids(ctx, f'[TOOL_CALLS]lookup{call_id}[ARGS]{{"word": "w"}}</s>'), seq=1, tools=TOOLS)
     assert [(c.id, c.name, c.error) for c in p.tool_calls] == [(expected, "lookup", None)]
-    suffix = ctx.decode(ctx.render_suffix(p.tool_calls, [{"content": "out"}], None).ids)
+    suffix = ctx.decode(ctx.render_suffix(p.tool_calls, [Message(Role.TOOL, "out")], None).ids)
     assert suffix == f"[TOOL_RESULTS]{expected}[TOOL_CONTENT]out[/TOOL_RESULTS]"
 
 
