@@ -28,7 +28,8 @@ from env_server.rendering import TokenizerRegistry  # noqa: E402
 from env_server.rendering import messages as msgs  # noqa: E402
 from tito.types import Message  # noqa: E402
 from tests.rendering.helpers import TOOLS  # noqa: E402
-from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files  # noqa: E402
+from tito.fingerprint import read_tokenizer_files  # noqa: E402
+from tito_assets.qwen_tokenizer import build_tokenizer_dir  # noqa: E402
 
 # One template per supported family / wire format.
 FAMILIES = ("qwen2_5,qwen3,qwen3_instruct_2507,qwen3_6,nemotron_3_nano,glm4moe,gemma4,gemma4_v2,lfm2_2_5,lfm2_v2,"
@@ -43,7 +44,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
-    ctx = TokenizerRegistry().register(load_tokenizer_files(build_tokenizer_dir(template=template)), {})
+    ctx = TokenizerRegistry().register(read_tokenizer_files(build_tokenizer_dir(template=template)), {})
     tok, style = ctx.tokenizer, ctx.rules.style
     conv = msgs.head(style, {"role": "user", "content": "Compute 6*7 with Python."})
     asst = msgs.assistant(style, [(style.call_id(1, 0), "run_python", {"code": "print(6*7)"})],

@@ -11,7 +11,7 @@ special tokens, so the template renders to the same structure as with the real m
 tokenizer (the ids of those tokens differ from the real model's, the text does not).
 
     >>> d = build_tokenizer_dir(template="qwen3")          # cached under ~/.cache/tito
-    >>> files = load_tokenizer_files(d)                     # what RegisterTokenizer uploads
+    >>> files = tito.fingerprint.read_tokenizer_files(d)    # what RegisterTokenizer uploads
 """
 
 from __future__ import annotations
@@ -245,13 +245,6 @@ def build_tokenizer_dir(
         _atomic_write(target / name, data)
     _atomic_write(stamp, key.encode())
     return target
-
-
-def load_tokenizer_files(directory: str | Path) -> dict[str, bytes]:
-    """The files to upload to RegisterTokenizer from a tokenizer directory."""
-    from tito.fingerprint import read_tokenizer_files
-
-    return read_tokenizer_files(directory)
 
 
 # Known encodings of the real Qwen2/2.5/3 tokenizer.

@@ -13,7 +13,8 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 from env_server.rendering import RenderingContext, TokenizerRegistry
 from env_server.rendering import messages as msgs
 from tito.types import Message, ToolCall, ToolSpec
-from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
+from tito.fingerprint import read_tokenizer_files
+from tito_assets.qwen_tokenizer import build_tokenizer_dir
 
 TEMPLATES = ["qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3_1", "gptoss"]
 
@@ -60,7 +61,7 @@ _FILES: dict[str, dict[str, bytes]] = {}
 
 def files_for(template: str) -> dict[str, bytes]:
     if template not in _FILES:
-        _FILES[template] = load_tokenizer_files(build_tokenizer_dir(template=template))
+        _FILES[template] = read_tokenizer_files(build_tokenizer_dir(template=template))
     return _FILES[template]
 
 

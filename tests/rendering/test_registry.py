@@ -13,7 +13,8 @@ from env_server.rendering import (
 )
 from tito import fingerprint as fp
 from tito.types import Message, Role, ToolCall
-from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
+from tito.fingerprint import read_tokenizer_files
+from tito_assets.qwen_tokenizer import build_tokenizer_dir
 
 from .helpers import REGISTRY, ctx_for, files_for
 
@@ -90,7 +91,7 @@ def test_families_and_stop_tokens():
 )
 def test_unsupported_templates_refused_with_reason(template, reason):
     with pytest.raises(UnsupportedTemplateError, match=reason):
-        REGISTRY.register(load_tokenizer_files(build_tokenizer_dir(template=template)), {})
+        REGISTRY.register(read_tokenizer_files(build_tokenizer_dir(template=template)), {})
 
 
 def _numbered_results_template() -> dict[str, bytes]:

@@ -23,7 +23,8 @@ def tok():
     """The offline Qwen tokenizer (qwen2_5 template): its files and a `tokenizers.Tokenizer`."""
     from tokenizers import Tokenizer
 
-    from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
+    from tito.fingerprint import read_tokenizer_files
+    from tito_assets.qwen_tokenizer import build_tokenizer_dir
 
-    files = load_tokenizer_files(build_tokenizer_dir(template="qwen2_5"))
+    files = read_tokenizer_files(build_tokenizer_dir(template="qwen2_5"))
     return files, Tokenizer.from_str(files["tokenizer.json"].decode())

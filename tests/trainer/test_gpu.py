@@ -33,14 +33,15 @@ def test_cuda_backend_multi_turn_with_tools_logprobs_match(tmp_path):
 
     from tests.harness import docker_available, start_server
     from tito.client import AsyncTitoClient
-    from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
+    from tito.fingerprint import read_tokenizer_files
+    from tito_assets.qwen_tokenizer import build_tokenizer_dir
     from trainer.backends.hf import TransformersBackend
     from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
 
     why = docker_available()
     if why:
         pytest.skip(why)
-    files = load_tokenizer_files(build_tokenizer_dir(template="qwen2_5"))
+    files = read_tokenizer_files(build_tokenizer_dir(template="qwen2_5"))
     tok = Tokenizer.from_str(files["tokenizer.json"].decode())
     model = build_tiny_qwen3(seed=0).cuda().eval()
     hf = TransformersBackend(model, seed=0)
