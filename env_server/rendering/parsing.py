@@ -15,7 +15,7 @@ that holds a call from a call. So the boundaries here come from each family's gr
   against the tool's declared parameters and the rest of the completion (backtracking);
 - pythonic formats (``parse_pythonic``): Python's own parser (``ast``) reads the call list.
 transformers' ``parse_response`` is right on well-formed Hermes, Llama 3 and Gemma 4 output, so the
-tests use it as an oracle there; its JSON-dialect reader is reused for Gemma 4.
+tests use it as an oracle there; its JSON-dialect reader is reused for Gemma 4 (``parse_gemma4``).
 
 A wire format is a configuration of one of these readers (a row of a table), not a parser per
 family. A parser takes the completion text without its stop token (harmony keeps it: ``<|call|>``
@@ -164,7 +164,8 @@ def outside(text: str, spans: list[tuple[int, int, int]]) -> str:
 
 def formats() -> dict[str, WireFormat]:
     """Every wire format, in the order registration tries them: marked formats first, bare ones last."""
-    from . import parse_harmony, parse_json, parse_pythonic, parse_xml
+    from . import parse_gemma4, parse_harmony, parse_json, parse_pythonic, parse_xml
 
-    every = parse_harmony.FORMATS + parse_json.FORMATS + parse_xml.FORMATS + parse_pythonic.FORMATS
+    every = (parse_harmony.FORMATS + parse_gemma4.FORMATS + parse_json.FORMATS + parse_xml.FORMATS
+             + parse_pythonic.FORMATS)
     return {f.name: f for f in sorted(every, key=lambda f: f.bare)}
