@@ -22,10 +22,7 @@ class LimitArgs(BaseModel):
 class Counter(Environment):
     name = "counter"
     EnvArgs = LimitArgs
-
-    def __init__(self, env_args: LimitArgs, sandbox=None) -> None:
-        super().__init__(env_args, sandbox)
-        self.total = 0
+    total = 0  # a class default: `+=` below gives each episode's instance its own
 
     @tool
     async def add(self, args: CountArgs) -> str:

@@ -2,27 +2,18 @@ import unittest
 
 from roman import to_roman
 
+# Numerals that need subtractive pairs (IV, IX, XL, XC, CD, CM), and additive ones that must still work.
+EXPECTED = {
+    4: "IV", 9: "IX", 14: "XIV", 40: "XL", 90: "XC", 400: "CD", 900: "CM",
+    1994: "MCMXCIV", 2024: "MMXXIV", 3999: "MMMCMXCIX", 2023: "MMXXIII", 8: "VIII",
+}
+
 
 class SubtractiveNotationTest(unittest.TestCase):
-    def test_four_and_nine(self):
-        self.assertEqual(to_roman(4), "IV")
-        self.assertEqual(to_roman(9), "IX")
-        self.assertEqual(to_roman(14), "XIV")
-
-    def test_forty_ninety_and_beyond(self):
-        self.assertEqual(to_roman(40), "XL")
-        self.assertEqual(to_roman(90), "XC")
-        self.assertEqual(to_roman(400), "CD")
-        self.assertEqual(to_roman(900), "CM")
-
-    def test_years(self):
-        self.assertEqual(to_roman(1994), "MCMXCIV")
-        self.assertEqual(to_roman(2024), "MMXXIV")
-        self.assertEqual(to_roman(3999), "MMMCMXCIX")
-
-    def test_additive_numbers_still_work(self):
-        self.assertEqual(to_roman(2023), "MMXXIII")
-        self.assertEqual(to_roman(8), "VIII")
+    def test_numerals(self):
+        for number, numeral in EXPECTED.items():
+            with self.subTest(number=number):
+                self.assertEqual(to_roman(number), numeral)
 
 
 if __name__ == "__main__":
