@@ -11,6 +11,7 @@ from PyPI packages) and a random 2-layer Qwen3 (~10M parameters).
 --vllm-mode colocate generates with TRL's colocated vLLM (`use_vllm=True, vllm_mode="colocate"`),
 --vllm-mode server with a vLLM server (rollout door only):
 
+    .venv/bin/python examples/trl_grpo.py --write-model MODEL_DIR                 # the tiny model's folder
     .venv/bin/python -m tito.trl.vllm_server --model MODEL_DIR --port 8000 &      # see that module
     ... examples/trl_grpo.py --env-address 127.0.0.1:50051 --vllm-mode server --model-dir MODEL_DIR
 
@@ -110,7 +111,7 @@ def vllm_sequence_bias():
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--env-address", required=True, help="host:port of a tito env server")
+    ap.add_argument("--env-address", help="host:port of a tito env server (required to train)")
     ap.add_argument("--max-steps", type=int, default=4)
     ap.add_argument("--door", choices=["rollout", "environment"], default="rollout")
     ap.add_argument("--steer", action="store_true", help="script tool calls with sequence_bias (see above)")
@@ -129,7 +130,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--vllm-server-url", default="http://127.0.0.1:8000", help="--vllm-mode server: the server")
     ap.add_argument("--model-dir", default=None, help="with --vllm-mode: the model's folder (written if missing)")
     ap.add_argument("--output-dir", default=None, help="TRL's output_dir (default: a temporary folder)")
-    return ap.parse_args(argv)
+    ap.add_argument("--write-model", metavar="DIR", help="only write the tiny model's folder for vLLM, and exit")
+    args = ap.parse_args(argv)
+    if not args.env_address and not args.write_model:
+        ap.error("--env-address is required")
+    return args
 
 
 def write_model_dir(folder: Path, *, seed: int, head_dim: int | None) -> None:
@@ -226,6 +231,11 @@ def build_trainer(args: argparse.Namespace, output_dir: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.write_model:
+        from tito.rollout.vllm import on_cpu_platform
+
+        write_model_dir(Path(args.write_model), seed=args.seed, head_dim=32 if on_cpu_platform() else None)
+        return 0
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
