@@ -56,17 +56,22 @@ def backend(model):
 
 @pytest.fixture
 def calls(backend, monkeypatch):
-    """Every (prompt ids, SamplingParams, sampled ids) of the engine's requests."""
-    seen = []
-    generate = backend.llm.generate
+    """Every (prompt ids, SamplingParams, sampled ids) of the engine's requests, as they finish."""
+    seen, added = [], {}
+    engine = backend.llm.llm_engine
+    add_request, step = engine.add_request, engine.step
 
-    def spy(prompts, params, **kw):
-        outputs = generate(prompts, params, **kw)
-        seen.extend(zip([p["prompt_token_ids"] for p in prompts], params,
-                        [list(o.outputs[0].token_ids) for o in outputs]))
+    def add_spy(request_id, prompt, params, **kw):
+        added[request_id] = (prompt["prompt_token_ids"], params)
+        return add_request(request_id, prompt, params, **kw)
+
+    def step_spy():
+        outputs = step()
+        seen.extend((*added.pop(o.request_id), list(o.outputs[0].token_ids)) for o in outputs if o.finished)
         return outputs
 
-    monkeypatch.setattr(backend.llm, "generate", spy)
+    monkeypatch.setattr(engine, "add_request", add_spy)
+    monkeypatch.setattr(engine, "step", step_spy)
     return seen
 
 
@@ -287,6 +292,36 @@ def test_a_big_seeded_batch_is_not_chunked(backend, model):
     out = generate(backend, *reqs)
     assert all(len(r.ids) == 8 and r.logprobs is not None for r in out)
     assert [r.ids for r in generate(backend, *reqs[:3])] == [r.ids for r in out[:3]]
+
+
+def test_a_request_joins_the_running_batch(backend, model):
+    """Continuous batching: a request handed over while a long one generates joins the engine's
+    running batch and comes back first, as a rollout back from its tool call does; each samples what
+    it samples alone (its seed)."""
+    backend.sync_weights(model)
+    long = GenRequest(list(range(100, 120)), 300, (IM_END,), seed=21)
+    short = GenRequest(list(range(200, 220)), 4, (IM_END,), seed=22)
+
+    async def overlapped():
+        running = asyncio.ensure_future(backend.generate([long]))
+        await asyncio.sleep(0.3)  # the long request is generating
+        first = (await backend.generate([short]))[0]
+        assert not running.done()
+        return (await running)[0], first
+
+    long_out, short_out = asyncio.run(overlapped())
+    assert len(long_out.ids) == 300 and len(short_out.ids) == 4
+    assert [r.ids for r in generate(backend, long, short)] == [long_out.ids, short_out.ids]
+
+
+def test_a_refused_request_fails_alone(backend):
+    """A request the engine cannot take (here: no stop ids) comes back failed, with why; the others
+    of the same call are served, and the engine goes on."""
+    bad, good = GenRequest([1, 2, 3], 4, ()), GenRequest([1, 2, 3], 4, (IM_END,), seed=1)
+    out = generate(backend, bad, good)
+    assert out[0].ids == [] and "stop_token_ids must not be empty" in out[0].error
+    assert len(out[1].ids) == 4 and not out[1].error
+    assert generate(backend, good)[0].ids == out[1].ids
 
 
 def test_sleep_and_wake_on_the_real_engine(backend, model):

@@ -2,7 +2,7 @@
 
 Request building, stop handling, output/logprob extraction, the engine settings vLLM's CPU build
 needs and the weight push live here, so that the trainer's `vllm_backend.py` and `tito.trl`'s
-generators are thin shells around `LLM.generate`. The pure functions are unit-tested without an
+generators are thin shells around the engine (`LLMEngine.add_request`/`step`, `LLM.generate`). The pure functions are unit-tested without an
 engine; the rest runs against the real one (vLLM's CPU build) in tests/trainer/test_vllm_backend.py.
 """
 

@@ -4,7 +4,9 @@ with vLLM's CPU build).
 As TRL's colocate mode (trl/generation/vllm_generation.py) does it: `LLM(...,
 distributed_executor_backend="external_launcher")` with RANK/LOCAL_RANK/WORLD_SIZE from the launcher
 (torchrun / accelerate; defaults for a single process), so vLLM runs its engine core and worker in
-this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). After each optimizer step the training weights
+this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). One thread steps the engine (`EngineLoop`), and
+requests join it between steps (continuous batching), so a rollout back from a tool call never
+waits for another batch to finish. After each optimizer step the training weights
 go into the engine in memory (`tito.rollout.vllm.push_weights`: one `reload_weights` call with the
 whole state dict, no disk, no second process), then its prefix cache is reset, since cached KV
 blocks were computed with the old weights. Each data-parallel rank has its own engine (tensor
@@ -30,8 +32,10 @@ the same code with vLLM 0.33's CUDA build, documented in docs/trainer.md and not
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
+import queue
 import socket
 import tempfile
 import threading
@@ -120,13 +124,113 @@ def engine_kwargs(cfg, *, seed: int, on_cpu: bool) -> dict[str, Any]:
     return kw
 
 
+class EngineLoop:
+    """One thread owns the engine and steps it while requests are unfinished; requests join between
+    steps (continuous batching). A rollout back from its tool call thus joins the batch that is
+    running instead of waiting for it to finish: `LLM.generate` per batch would leave the engine
+    idle, or running a small batch, while a few slow tool calls hold the rest of a step.
+
+    `lock` is held around each engine step; whoever else touches the engine (the weight push, sleep)
+    takes it too, between steps.
+    """
+
+    def __init__(self, llm, lock: threading.Lock) -> None:
+        self.llm = llm
+        self.lock = lock
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting: dict[str, tuple[GenRequest, asyncio.Future]] = {}
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+
+    def submit(self, requests: list[GenRequest]) -> list[asyncio.Future]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in requests]
+        self._inbox.put((requests, futures))
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._drive, name="vllm-engine", daemon=True)
+            self._thread.start()
+        return futures
+
+    def close(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._inbox.put(None)
+            self._thread.join()
+
+    def _drive(self) -> None:
+        engine = self.llm.llm_engine
+        while True:
+            # Wait for work only when the engine has none; else take what has arrived and step.
+            arrived = [self._inbox.get()] if not self._waiting else []
+            while True:
+                try:
+                    arrived.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            if None in arrived:
+                with self.lock:
+                    self._fail_all(RuntimeError("the vLLM backend was closed"))
+                return
+            with self.lock:
+                for requests, futures in arrived:
+                    for request, future in zip(requests, futures):
+                        self._add(engine, request, future)
+                try:
+                    outputs = engine.step() if engine.has_unfinished_requests() else []
+                except Exception as e:  # every request in the engine fails (its rollout aborts); the loop goes on
+                    log.exception("vLLM engine step failed")
+                    self._fail_all(e)
+                    continue
+            for out in outputs:
+                if out.finished and out.request_id in self._waiting:
+                    request, future = self._waiting.pop(out.request_id)
+                    try:
+                        self._resolve(future, result=extract_result(out.outputs[0], request))
+                    except Exception as e:  # an output the helpers cannot read fails its own request
+                        self._resolve(future, error=e)
+
+    def _add(self, engine, request: GenRequest, future: asyncio.Future) -> None:
+        """Hand one request to the engine; one it refuses fails alone."""
+        from vllm import SamplingParams
+
+        request_id = f"tito-{next(self._ids)}"  # what the request's outputs carry
+        try:
+            engine.add_request(request_id, token_prompt(request), SamplingParams(**sampling_params_kwargs(request)))
+        except Exception as e:
+            self._resolve(future, error=e)
+            return
+        self._waiting[request_id] = (request, future)
+
+    def _fail_all(self, error: Exception) -> None:
+        ids = list(self._waiting)
+        for _, future in self._waiting.values():
+            self._resolve(future, error=error)
+        self._waiting.clear()
+        if ids:
+            try:
+                self.llm.llm_engine.abort_request(ids)
+            except Exception:  # an engine that failed may not abort either; nothing waits on it now
+                log.exception("aborting the vLLM engine's requests failed")
+
+    @staticmethod
+    def _resolve(future: asyncio.Future, *, result: GenResult | None = None, error: Exception | None = None) -> None:
+        def settle() -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(result)
+
+        future.get_loop().call_soon_threadsafe(settle)
+
+
 class VllmBackend:
+    # generate() may be called again before an earlier call returns: its requests join the running batch.
+    continuous_batching = True
+
     def __init__(self, llm, *, sleep_level: int = 0, model=None) -> None:
         self.llm = llm
         self.sleep_level = sleep_level
         self.model = model  # the training model, to refill a sleeping engine
         self.asleep = False
-        self._lock = threading.Lock()  # one engine call at a time (generate runs in a worker thread)
+        self._lock = threading.Lock()  # the engine loop's steps, the weight push and sleep take turns
+        self._loop = EngineLoop(llm, self._lock)
         self._tmp: tempfile.TemporaryDirectory | None = None
 
     @classmethod
@@ -150,23 +254,18 @@ class VllmBackend:
         return backend
 
     async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
-        return await asyncio.to_thread(self._generate_sync, requests)
-
-    def _generate_sync(self, requests: list[GenRequest]) -> list[GenResult]:
-        from vllm import SamplingParams
-
         if self.asleep:
             # A step that trained on nothing put it to sleep without a sync after it.
             if self.model is None:
                 raise RuntimeError("the vLLM engine is asleep and has no training model to wake up with")
-            self.sync_weights(self.model)
-        prompts = [token_prompt(r) for r in requests]
-        params = [SamplingParams(**sampling_params_kwargs(r)) for r in requests]
-        with self._lock:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        if len(outputs) != len(requests):
-            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} prompts")
-        return [extract_result(o.outputs[0], r) for o, r in zip(outputs, requests)]
+            await asyncio.to_thread(self.sync_weights, self.model)
+        outcomes = await asyncio.gather(*self._loop.submit(requests), return_exceptions=True)
+        # A request the engine refused or lost aborts its own rollout only.
+        return [GenResult.failed(f"vLLM: {o!r}") if isinstance(o, BaseException) else o for o in outcomes]
+
+    def close(self) -> None:
+        """Stop the engine loop's thread (requests still in the engine fail)."""
+        self._loop.close()
 
     def release_memory(self) -> None:
         if self.sleep_level and not self.asleep:
