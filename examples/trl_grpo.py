@@ -3,16 +3,29 @@ from PyPI packages) and a random 2-layer Qwen3 (~10M parameters).
 
     .venv/bin/python -m env_server &                       # or: docker compose up -d
     TRL_EXPERIMENTAL_SILENCE=1 .venv/bin/python examples/trl_grpo.py --env-address 127.0.0.1:50051 \\
-        --max-steps 4 [--door rollout|environment] [--steer]
+        --max-steps 4 [--door rollout|environment] [--steer] [--vllm-mode colocate]
 
 --door rollout (default) uses `tito.trl.TitoRollout` as GRPOTrainer's `rollout_func`;
 --door environment uses `tito.trl.TitoEnvironmentSpec` with TRL's own tool loop.
 
-A random model never writes a tool call. --steer adds transformers' `sequence_bias` to TRL's
-generation config (`GRPOConfig.generation_kwargs`, so both doors sample with it) that makes the
+--vllm-mode colocate generates with TRL's colocated vLLM (`use_vllm=True, vllm_mode="colocate"`),
+--vllm-mode server with a vLLM server (rollout door only):
+
+    .venv/bin/python examples/trl_grpo.py --write-model MODEL_DIR                 # the tiny model's folder
+    .venv/bin/python -m tito.trl.vllm_server --model MODEL_DIR --port 8000 &      # see that module
+    ... examples/trl_grpo.py --env-address 127.0.0.1:50051 --vllm-mode server --model-dir MODEL_DIR
+
+On vLLM's CPU build the example calls `tito.trl.vllm_cpu.patch()` first, and the model gets
+head_dim 32 (the CPU attention has no kernel for 16). TRL hands vLLM the model's folder, so the
+model is written to one with the tokenizer (`--model-dir`, else a temporary one); a server must be
+started on a model of the same shape (the trainer pushes its weights before the first generation).
+
+A random model never writes a tool call. --steer adds a sequence bias to generation that makes the
 model write a `run_python` call for its question and then the answer it reads from the tool
-output: the run then shows tool turns, rewards and their statuses, not learning. The training
-forward pass never sees the bias.
+output: the run then shows tool turns, rewards and their statuses, not learning. With transformers
+it is `sequence_bias` in TRL's generation config (`GRPOConfig.generation_kwargs`, so both doors
+sample with it); with vLLM the same table goes to a logits processor (`SequenceBias`, given to
+the engine) through each request's `extra_args`. The training forward pass never sees the bias.
 
 Prints one JSON line: the door, each step's wall time (and the part of it spent in rollouts), and
 TRL's logged rewards and tool metrics.
@@ -65,9 +78,40 @@ def steering_bias(tokenizer, rows: list[dict[str, str]], strength: float = 100.0
     return [[list(key), value] for key, value in bias.items()]
 
 
+def vllm_sequence_bias():
+    """A vLLM logits processor with transformers' `sequence_bias` semantics, per request: the table
+    comes in `SamplingParams.extra_args["sequence_bias"]` (the list form `steering_bias` returns);
+    a key's last token gets its bias when the key's other tokens end the sequence so far."""
+    from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
+
+    class SequenceBias(AdapterLogitsProcessor):
+        def is_argmax_invariant(self) -> bool:
+            return False
+
+        def new_req_logits_processor(self, params):
+            table = (params.extra_args or {}).get("sequence_bias")
+            if not table:
+                return None
+            by_context: dict[tuple[int, ...], list[tuple[int, float]]] = {}
+            for key, value in table:
+                by_context.setdefault(tuple(key[:-1]), []).append((key[-1], value))
+            lengths = sorted({len(c) for c in by_context})
+
+            def apply(prompt_ids, output_ids, logits):
+                seq = list(prompt_ids) + list(output_ids)
+                for n in lengths:
+                    for token, value in by_context.get(tuple(seq[len(seq) - n:]) if n else (), ()):
+                        logits[token] += value
+                return logits
+
+            return apply
+
+    return SequenceBias
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--env-address", required=True, help="host:port of a tito env server")
+    ap.add_argument("--env-address", help="host:port of a tito env server (required to train)")
     ap.add_argument("--max-steps", type=int, default=4)
     ap.add_argument("--door", choices=["rollout", "environment"], default="rollout")
     ap.add_argument("--steer", action="store_true", help="script tool calls with sequence_bias (see above)")
@@ -81,8 +125,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-tokens-per-turn", type=int, default=48)
     ap.add_argument("--max-completion-length", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vllm-mode", choices=["colocate", "server"], default=None,
+                    help="generate with TRL's vLLM (rollout door; see above)")
+    ap.add_argument("--vllm-server-url", default="http://127.0.0.1:8000", help="--vllm-mode server: the server")
+    ap.add_argument("--model-dir", default=None, help="with --vllm-mode: the model's folder (written if missing)")
     ap.add_argument("--output-dir", default=None, help="TRL's output_dir (default: a temporary folder)")
-    return ap.parse_args(argv)
+    ap.add_argument("--write-model", metavar="DIR", help="only write the tiny model's folder for vLLM, and exit")
+    args = ap.parse_args(argv)
+    if not args.env_address and not args.write_model:
+        ap.error("--env-address is required")
+    return args
+
+
+def write_model_dir(folder: Path, *, seed: int, head_dim: int | None) -> None:
+    """The tiny model with the tokenizer files, as a folder vLLM (and a vLLM server) can load."""
+    import shutil
+
+    from tito_assets.qwen_tokenizer import build_tokenizer_dir
+    from trainer.model import build_tiny_qwen3
+
+    build_tiny_qwen3(seed=seed, head_dim=head_dim).save_pretrained(folder)
+    for f in build_tokenizer_dir(template="qwen2_5").iterdir():
+        if f.is_file() and not f.name.startswith("."):
+            shutil.copy(f, folder / f.name)
+
+
+def vllm_ready_model(args: argparse.Namespace, output_dir: str):
+    """The tiny model, loaded from a folder with the tokenizer (TRL gives vLLM `model.name_or_path`);
+    head_dim 32 on vLLM's CPU build. Prepares TRL's engine for the CPU build, and for --steer."""
+    import functools
+
+    import torch
+    import trl.generation.vllm_generation as vllm_generation
+    from transformers import AutoModelForCausalLM
+
+    from tito.rollout.vllm import on_cpu_platform
+    from tito.trl import vllm_cpu
+
+    on_cpu = on_cpu_platform()
+    if on_cpu:
+        vllm_cpu.patch()
+    folder = Path(args.model_dir or Path(output_dir) / "model")
+    if not (folder / "config.json").is_file():
+        write_model_dir(folder, seed=args.seed, head_dim=32 if on_cpu else None)
+    if args.steer and args.vllm_mode == "server":
+        raise SystemExit("--steer runs in the trainer's engine: use it with --vllm-mode colocate (a server would "
+                         "need the logits processor at its start)")
+    if args.steer:
+        vllm_generation.LLM = functools.partial(vllm_generation.LLM, logits_processors=[vllm_sequence_bias()])
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
 
 
 def build_trainer(args: argparse.Namespace, output_dir: str):
@@ -96,7 +187,10 @@ def build_trainer(args: argparse.Namespace, output_dir: str):
     from trainer.model import build_tiny_qwen3
 
     tokenizer = AutoTokenizer.from_pretrained(build_tokenizer_dir(template="qwen2_5"), padding_side="left")
-    model = build_tiny_qwen3(seed=args.seed)
+    if args.vllm_mode:
+        model = vllm_ready_model(args, output_dir)
+    else:
+        model = build_tiny_qwen3(seed=args.seed)
     rows = questions(args.prompts, args.seed, args.tool_seconds)
     dataset = Dataset.from_list(rows)
 
@@ -110,7 +204,13 @@ def build_trainer(args: argparse.Namespace, output_dir: str):
         learning_rate=1e-4, beta=0.0, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
     )
     if args.steer:
-        config["generation_kwargs"] = {"sequence_bias": steering_bias(tokenizer, rows, args.steer_strength)}
+        bias = steering_bias(tokenizer, rows, args.steer_strength)
+        config["generation_kwargs"] = {"extra_args": {"sequence_bias": bias}} if args.vllm_mode else \
+            {"sequence_bias": bias}
+    if args.vllm_mode:
+        # The prompt (tito renders it with the tool schema: ~200 tokens) plus the completion fit.
+        config.update(use_vllm=True, vllm_mode=args.vllm_mode, vllm_max_model_length=512 + args.max_completion_length,
+                      vllm_server_base_url=args.vllm_server_url)
     if args.door == "rollout":
         tito = TitoRollout(args.env_address, tokenizer, "python", max_turns=args.max_turns,
                            max_tokens_per_turn=args.max_tokens_per_turn)
@@ -118,6 +218,8 @@ def build_trainer(args: argparse.Namespace, output_dir: str):
                               train_dataset=tito.attach(dataset, env_args=env_args),
                               rollout_func=tito.rollout_func, reward_funcs=tito.reward_func)
     else:
+        if args.vllm_mode:
+            raise SystemExit("--vllm-mode goes with --door rollout (TitoRollout generates each turn on TRL's engine)")
         tito = TitoEnvironmentSpec(args.env_address, "python", env_args=env_args)
         config.update(chat_template_kwargs=tito.chat_template_kwargs,
                       max_tool_calling_iterations=args.max_turns - 1)
@@ -129,6 +231,11 @@ def build_trainer(args: argparse.Namespace, output_dir: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.write_model:
+        from tito.rollout.vllm import on_cpu_platform
+
+        write_model_dir(Path(args.write_model), seed=args.seed, head_dim=32 if on_cpu_platform() else None)
+        return 0
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
@@ -167,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = [h for h in trainer.state.log_history if "reward" in h]
     tool_key = "tito/tool_calls_per_rollout"
     print(json.dumps({
-        "door": args.door, "steer": args.steer, "tool_seconds": args.tool_seconds, "steps": len(timer.seconds),
+        "door": args.door, "vllm_mode": args.vllm_mode, "steer": args.steer, "tool_seconds": args.tool_seconds, "steps": len(timer.seconds),
         "step_seconds": [round(s, 3) for s in timer.seconds],
         # The first step also pays for warm-up (first forward passes, the server's first sessions).
         "mean_step_seconds_after_first": round(sum(timer.seconds[1:]) / max(1, len(timer.seconds) - 1), 3),
@@ -175,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         "reward": [h["reward"] for h in logs],
         "tool_calls_per_rollout": [h.get(tool_key) for h in logs],
         "env_seconds": [h.get("tito/env_seconds") for h in logs],  # waiting on the env server
+        # vLLM: the sampler's logprobs against the trainer's (1.0 when the engine holds the policy's weights)
+        "importance_sampling_ratio": [h.get("sampling/importance_sampling_ratio/mean") for h in logs],
         "completed_frac": [h.get("tito/completed_frac") for h in logs],
         "trl_tool_call_frequency": [h.get("tools/call_frequency") for h in logs],
     }))

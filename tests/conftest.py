@@ -2,7 +2,8 @@
 
 In CI (CI=true) or with TITO_REQUIRE_DOCKER=1, a Docker test that skips (daemon down, image or
 compose missing) FAILS instead: a half-finished setup must not turn the real-container tests into a
-green run that tested nothing. GPU tests still skip without CUDA.
+green run that tested nothing. The same holds for the real-engine vLLM tests (marker `vllm`) under
+TITO_REQUIRE_VLLM=1, which scripts/test.sh sets. GPU tests still skip without CUDA.
 """
 
 from __future__ import annotations
@@ -14,16 +15,22 @@ import pytest
 from tests.harness import docker_available, start_server
 
 REQUIRE_DOCKER = os.environ.get("TITO_REQUIRE_DOCKER", "1" if os.environ.get("CI") == "true" else "0") == "1"
+REQUIRE_VLLM = os.environ.get("TITO_REQUIRE_VLLM", "0") == "1"
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if REQUIRE_DOCKER and report.skipped and item.get_closest_marker("docker") and not item.get_closest_marker("gpu"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if not report.skipped or item.get_closest_marker("gpu"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if REQUIRE_DOCKER and item.get_closest_marker("docker"):
         report.outcome = "failed"
         report.longrepr = f"Docker test skipped but TITO_REQUIRE_DOCKER/CI requires it to run: {reason}"
+    elif REQUIRE_VLLM and item.get_closest_marker("vllm"):
+        report.outcome = "failed"
+        report.longrepr = f"vLLM test skipped but TITO_REQUIRE_VLLM requires it to run (scripts/setup.sh installs vLLM): {reason}"
 
 
 @pytest.fixture(scope="session")

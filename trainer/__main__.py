@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     except WarmStartError as e:
         print(f"warm start failed: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:  # found once the config meets the machine (e.g. vLLM's CPU build), before training
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     except ImportError as e:  # an optional part the config asks for (vLLM, a tracker), with what to install
         print(f"missing dependency: {e}", file=sys.stderr)
         return 1

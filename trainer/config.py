@@ -20,6 +20,14 @@ class ModelConfig(_Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     vocab_size: int | None = Field(None, ge=2, description="tiny-random-qwen3 only: embedding rows "
                                    "(default: the tokenizer's size). No-env tasks may use fewer.")
+    head_dim: int | None = Field(None, ge=1, description="tiny-random-qwen3 only: attention head size "
+                                 "(default 16 = hidden/heads; vLLM's CPU build needs 32 or more).")
+
+    @model_validator(mode="after")
+    def _tiny_only(self) -> ModelConfig:
+        if self.head_dim is not None and self.path != "tiny-random-qwen3":
+            raise ValueError(f"head_dim applies to tiny-random-qwen3 only; {self.path!r} has its own config.json")
+        return self
 
 
 class TokenizerConfig(_Strict):
@@ -75,14 +83,19 @@ class LossSettings(_Strict):
 
 
 class VllmSettings(_Strict):
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="CUDA: the share of GPU memory vLLM "
+                                          "takes (weights and KV cache). Not used on vLLM's CPU build.")
+    kv_cache_memory_bytes: int | None = Field(
+        None, ge=1, description="The KV cache's size in bytes. Unset: 256 MiB on vLLM's CPU build (where "
+        "gpu_memory_utilization would be a share of host RAM), gpu_memory_utilization on CUDA.")
     enforce_eager: bool = True
     logprobs_mode: str = Field("processed_logprobs",
                                description="Logprobs after temperature, i.e. of the sampling distribution.")
     sleep_level: Literal[0, 1, 2] = Field(
-        0, description="vLLM sleep mode while the policy trains: 0 off; 1 offloads the engine's weights to "
-        "CPU and frees its KV cache; 2 frees both (the weights come back from the training model).")
-    max_num_seqs: int | None = Field(None, ge=1, description="vLLM's cap on concurrent sequences.")
+        0, description="vLLM sleep mode while the policy trains (CUDA only): 0 off; 1 offloads the engine's "
+        "weights to CPU and frees its KV cache; 2 frees both (the weights come back from the training model).")
+    max_num_seqs: int | None = Field(None, ge=1, description="vLLM's cap on concurrent sequences (default: "
+                                     "num_generations x prompts_per_step, the rollouts of one step).")
 
 
 class WarmStartConfig(_Strict):

@@ -19,13 +19,16 @@ QWEN_TOKENIZER_SIZE = 151_669
 
 def build_tiny_qwen3(vocab_size: int = QWEN_TOKENIZER_SIZE, seed: int = 0, *, layers: int = 2,
                      hidden: int = 64, heads: int = 4, kv_heads: int = 2, intermediate: int = 128,
-                     max_positions: int = 8192):
-    """A randomly initialised Qwen3 (~10M parameters, tied embeddings), same for the same seed."""
+                     max_positions: int = 8192, head_dim: int | None = None):
+    """A randomly initialised Qwen3 (~10M parameters, tied embeddings), same for the same seed.
+
+    head_dim defaults to hidden // heads (16); vLLM's CPU attention needs one of
+    `tito.rollout.vllm.CPU_HEAD_DIMS` (32 is the smallest), which widens q/o projections only."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
         vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim or hidden // heads,
         intermediate_size=intermediate, tie_word_embeddings=True,
         max_position_embeddings=max_positions, bos_token_id=None,
         eos_token_id=151645 if vocab_size > 151645 else None,
@@ -40,9 +43,10 @@ def build_tiny_qwen3(vocab_size: int = QWEN_TOKENIZER_SIZE, seed: int = 0, *, la
     return model
 
 
-def load_model(path: str, *, vocab_size: int, seed: int, device: str, dtype: str = "float32"):
+def load_model(path: str, *, vocab_size: int, seed: int, device: str, dtype: str = "float32",
+               head_dim: int | None = None):
     if path == TINY_RANDOM_QWEN3:
-        model = build_tiny_qwen3(vocab_size=vocab_size, seed=seed)
+        model = build_tiny_qwen3(vocab_size=vocab_size, seed=seed, head_dim=head_dim)
     else:
         from transformers import AutoModelForCausalLM
 

@@ -78,6 +78,8 @@ class GenerationScheduler:
 
     A batch starts as soon as every active rollout is waiting for generation, or after
     `max_wait_s` if some are still busy in env calls (so one slow tool never stalls the rest).
+    A backend with `continuous_batching` (vLLM) takes requests while it generates: each is handed
+    to it at once and joins the running batch, so no batch waits for another.
     """
 
     def __init__(self, backend: GenerationBackend, max_wait_s: float = 0.02) -> None:
@@ -87,6 +89,8 @@ class GenerationScheduler:
         self._pending: list[tuple[GenRequest, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self.continuous = bool(getattr(backend, "continuous_batching", False))
+        self._serving: set[asyncio.Task] = set()
 
     def register(self) -> None:
         self.active += 1
@@ -110,27 +114,37 @@ class GenerationScheduler:
                 self._wake.clear()
                 await self._wake.wait()
             deadline = loop.time() + self.max_wait_s
-            while len(self._pending) < self.active and loop.time() < deadline:
+            while not self.continuous and len(self._pending) < self.active and loop.time() < deadline:
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), deadline - loop.time())
                 except TimeoutError:
                     break
             batch, self._pending = self._pending, []
-            try:
-                results = await self.backend.generate([r for r, _ in batch])
-                if len(results) != len(batch):
-                    raise RuntimeError(f"backend returned {len(results)} results for {len(batch)}")
-            except Exception as e:  # the rollouts abort; the scheduler keeps serving
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(e)
-                continue
-            for (_, fut), res in zip(batch, results):
+            if self.continuous:
+                task = asyncio.create_task(self._serve(batch))
+                self._serving.add(task)
+                task.add_done_callback(self._serving.discard)
+            else:
+                await self._serve(batch)
+
+    async def _serve(self, batch: list[tuple[GenRequest, asyncio.Future]]) -> None:
+        try:
+            results = await self.backend.generate([r for r, _ in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"backend returned {len(results)} results for {len(batch)}")
+        except Exception as e:  # the rollouts abort; the scheduler keeps serving
+            for _, fut in batch:
                 if not fut.done():
-                    fut.set_result(res)
+                    fut.set_exception(e)
+            return
+        for (_, fut), res in zip(batch, results):
+            if not fut.done():
+                fut.set_result(res)
 
     async def close(self) -> None:
+        for task in list(self._serving):
+            task.cancel()
         if self._task is not None:
             self._task.cancel()
             try:

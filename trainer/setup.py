@@ -149,11 +149,10 @@ async def connect_env(cfg: TrainConfig, tok: TokenizerInfo) -> tuple[Environment
 async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
     """The Run for `cfg`; the env connection (and the process group) is closed when the block ends."""
     if cfg.backend == "vllm":
-        from trainer.backends.vllm_backend import INSTALL_HINT, require_vllm
+        from trainer.backends.vllm_backend import check_settings, require_vllm
 
         require_vllm()  # before anything is loaded
-        if resolve_device(cfg.model.device).type != "cuda":
-            raise ValueError(f"model.device={cfg.model.device!r}: {INSTALL_HINT}")
+        check_settings(cfg, resolve_device(cfg.model.device).type)
     dist = distributed.init(cfg.model.device, cfg.ddp_timeout_s)
     try:
         async with _open_run(cfg, dist) as run:
@@ -169,7 +168,11 @@ async def _open_run(cfg: TrainConfig, dist: Dist) -> AsyncIterator[Run]:
     tok = TokenizerInfo.load(cfg)
     vocab = cfg.model.vocab_size or tok.vocab_size
     model = load_model(cfg.model.path, vocab_size=vocab, seed=cfg.seed, device=str(device),
-                       dtype=cfg.model.dtype)
+                       dtype=cfg.model.dtype, head_dim=cfg.model.head_dim)
+    if cfg.backend == "vllm":
+        from trainer.backends.vllm_backend import check_model
+
+        check_model(model.config)  # before the env connection, the warm start and the engine
     task = make_task(cfg.task.name, cfg.task.params, seed=cfg.seed, vocab_size=vocab)
     if task.uses_env and vocab < tok.vocab_size:
         raise ValueError(f"model.vocab_size={vocab} is smaller than the tokenizer ({tok.vocab_size}): "

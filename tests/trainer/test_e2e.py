@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 
@@ -192,3 +193,22 @@ def test_cli_demo_smoke(server, tmp_path):
     # The demo's warm start also shows estimates given without the tool ("head"): the env scores those 0.
     assert demos and all(d["status"] == "completed" for d in demos)
     assert all(d["env_reward"] == (0.0 if d["meta"]["teacher"] == "head" else 1.0) for d in demos)
+
+
+@pytest.mark.vllm
+def test_cli_demo_vllm_smoke(server, tmp_path):
+    """`python -m trainer --config examples/demo_vllm.yaml --steps 3` against the server: the demo on
+    a colocated vLLM engine (its CPU build here), with a two-step warm start to keep it short."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (scripts/setup.sh installs its CPU build)")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "trainer", "--config", str(REPO / "examples/demo_vllm.yaml"),
+           "--output-dir", str(out), "--env-address", server.address, "--steps", "3",
+           "--set", "prompts_per_step=2", "--set", "num_generations=2", "--set", "warm_start.steps=2",
+           "--set", "progress=false", "--set", "save_checkpoint=false"]
+    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    # Sampler and recompute agree (fp32 engine and policy), and no rollout lost its logprobs.
+    assert all(abs(m["ratio_mean"] - 1) < 1e-3 and m["aborted_frac"] == 0 for m in lines)

@@ -1,4 +1,7 @@
-"""The vLLM backend's plain functions, tested without vLLM (objects shaped like vLLM's outputs)."""
+"""The vLLM helpers' plain functions, without an engine (objects shaped like vLLM's outputs).
+
+Outputs the real engine never returns (a logprob list one short, a position without the sampled
+token) are only reachable here; the real engine's own shapes are in test_vllm_backend.py."""
 
 from dataclasses import dataclass
 
@@ -101,17 +104,16 @@ def test_weight_names():
     assert vllm_weight_name("model.embed_tokens.weight") == "model.embed_tokens.weight"
 
 
-def test_weights_for_vllm_skips_tied_head_and_detaches():
+def test_weights_for_vllm_sends_the_whole_state_dict_with_the_tied_head():
     from trainer.model import build_tiny_qwen3
 
     model = build_tiny_qwen3(vocab_size=300)
-    named = list(weights_for_vllm(model.named_parameters(), tied_embeddings=True))
+    named = list(weights_for_vllm(model.state_dict().items()))
     names = [n for n, _ in named]
-    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
-    assert "model.layers.1.self_attn.k_proj.weight" in names
+    # The tied lm_head.weight too: vLLM's CPU build packs it apart from the embedding.
+    assert "lm_head.weight" in names and "model.embed_tokens.weight" in names
+    assert "model.layers.1.self_attn.k_proj.weight" in names and len(names) == len(set(names))
     assert all(not t.requires_grad for _, t in named)
-    wrapped = [("_orig_mod." + n, t) for n, t in model.named_parameters()]
-    wrapped.append(("_orig_mod.lm_head.weight", torch.zeros(1)))
-    assert [n for n, _ in weights_for_vllm(wrapped, tied_embeddings=True)] == names
-    untied = [n for n, _ in weights_for_vllm(wrapped, tied_embeddings=False)]
-    assert "lm_head.weight" in untied
+    wrapped = [("_orig_mod." + n, t) for n, t in model.state_dict().items()]
+    wrapped.append(("module._orig_mod.lm_head.weight", torch.zeros(1)))  # a second wrapper's copy: dropped
+    assert [n for n, _ in weights_for_vllm(wrapped)] == names

@@ -139,3 +139,22 @@ def test_refuses_a_config_without_sanitized_templates(client, tokenizer, tmp_pat
         GRPOTrainer(model=build_tiny_qwen3(), processing_class=tokenizer, args=grpo_config(tmp_path),
                     train_dataset=Dataset.from_list(ROWS), environment_factory=spec.environment_factory,
                     reward_funcs=spec.reward_funcs)
+
+
+def test_why_async_grpo_trainer_cannot_take_the_spec(client):
+    """AsyncGRPOTrainer (trl.experimental.async_grpo, TRL 1.16) is not supported (docs/trl.md), for
+    two reasons this pins: its rollout worker runs environment_factory in a spawned process, so the
+    factory must pickle, and the spec's holds a live gRPC client; and its reward functions get no
+    `environments=`, so the episode's final answer never reaches tito, which scores it."""
+    import inspect
+    import pickle
+
+    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
+
+    spec = TitoEnvironmentSpec(client, "python")
+    try:
+        with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+            pickle.dumps(spec.environment_factory)
+    finally:
+        spec.close()
+    assert "environments" not in inspect.getsource(_AsyncRolloutLoop._score_group)

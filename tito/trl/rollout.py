@@ -12,8 +12,9 @@ re-encoded. The trainer's model (or TRL's vLLM) generates each turn with
 one turn of all rollouts go to the server together, so their tools run in parallel.
 
 Use it WITHOUT `tools=` / `environment_factory=`: with either, TRL ignores `env_mask` and runs its
-own tool loop on top (checked on the first call). `rollout_func` is experimental in TRL 1.16 and
-warns unless `TRL_EXPERIMENTAL_SILENCE=1`.
+own tool loop on top (checked on the first call). With TRL's vLLM on vLLM's CPU build, call
+`tito.trl.vllm_cpu.patch()` before building the trainer (checked for colocate). `rollout_func` is
+experimental in TRL 1.16 and warns unless `TRL_EXPERIMENTAL_SILENCE=1`.
 """
 
 from __future__ import annotations
@@ -192,6 +193,14 @@ class TitoRollout:
                 "TitoRollout runs the tools itself, through tito: build the GRPOTrainer with "
                 "rollout_func=tito.rollout_func and WITHOUT tools= or environment_factory= (with them TRL ignores "
                 "env_mask and runs its own tool loop on top). For TRL's own tool loop use TitoEnvironmentSpec.")
+        if getattr(trainer, "use_vllm", False) and trainer.vllm_generation.mode == "colocate":
+            from tito.rollout.vllm import on_cpu_platform
+            from tito.trl.vllm_cpu import is_patched
+
+            if on_cpu_platform() and not is_patched(trainer.vllm_generation):
+                raise RuntimeError(
+                    "TRL's colocated vLLM runs on vLLM's CPU build here, which needs tito's engine settings and weight "
+                    "push: call tito.trl.vllm_cpu.patch() before GRPOTrainer(...) (docs/trl.md)")
         tok = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
         if tok is not self.tokenizer:
             mine = self.registration.fingerprint

