@@ -137,7 +137,8 @@ def test_multi_turn_through_a_live_env_server(server, backend, model, calls):
     rollout, and a logprob for every sampled token, equal to the training model's."""
     from transformers import AutoTokenizer
 
-    from tito_assets.qwen_tokenizer import build_tokenizer_dir, load_tokenizer_files
+    from tito.fingerprint import read_tokenizer_files
+    from tito_assets.qwen_tokenizer import build_tokenizer_dir
 
     backend.sync_weights(model)
     tokenizer = AutoTokenizer.from_pretrained(build_tokenizer_dir(template="qwen2_5"))
@@ -147,7 +148,7 @@ def test_multi_turn_through_a_live_env_server(server, backend, model, calls):
         client = AsyncTitoClient(server.address)
         try:
             await client.wait_ready(60)
-            reg = await client.register_tokenizer(load_tokenizer_files(build_tokenizer_dir(template="qwen2_5")))
+            reg = await client.register_tokenizer(read_tokenizer_files(build_tokenizer_dir(template="qwen2_5")))
             tools = [t.openai_spec() for t in (await client.environment("python")).tools]
             assistant, turn0 = _tool_call_turn(tokenizer, conversation, tools, "print(6 * 7)")
             prompt = tokenizer.apply_chat_template(conversation, tools=tools, add_generation_prompt=True,
