@@ -182,11 +182,15 @@ async def _open_run(cfg: TrainConfig, dist: Dist) -> AsyncIterator[Run]:
     if task.uses_env:
         env, registration = await connect_env(cfg, tok)
         stop_ids = list(registration.stop_token_ids)
+    backend = None
     try:
-        yield Run(model=model, backend=make_backend(cfg, model, tok, dist.rank), task=task, env=env,
+        backend = make_backend(cfg, model, tok, dist.rank)
+        yield Run(model=model, backend=backend, task=task, env=env,
                   stop_token_ids=stop_ids, pad_id=tok.pad_id if tok.pad_id < vocab else 0,
                   device=device, decode=tok.decode, encode_teacher_text=tok.encode_teacher_text, dist=dist,
                   registration=registration)
     finally:
+        if (close_backend := getattr(backend, "close", None)) is not None:
+            close_backend()  # a backend's own thread (vLLM's engine loop)
         if env is not None:
             await env.close()

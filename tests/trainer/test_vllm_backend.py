@@ -49,9 +49,13 @@ def model():
 def backend(model):
     pytest.importorskip("vllm", reason="vLLM is not installed (scripts/setup.sh installs its CPU build)")
     saved = dict(os.environ)
-    yield VllmBackend.from_training_model(model, load_config(None, ENGINE), seed=5)
+    backend = VllmBackend.from_training_model(model, load_config(None, ENGINE), seed=5)
+    yield backend
+    backend.close()
     os.environ.clear()  # the backend sets the launcher's variables for a single process
     os.environ.update(saved)
+    thread = backend._loop._thread
+    assert thread is None or not thread.is_alive()  # the engine loop's thread ends with it
 
 
 @pytest.fixture
