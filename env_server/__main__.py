@@ -13,7 +13,7 @@ from env_server.logging_setup import setup_logging
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m env_server",
-        description="tito environment server: runs tool calls in hardened Docker sandboxes over gRPC.",
+        description="tito environment server: runs tool calls in hardened sandboxes (Docker or bubblewrap) over gRPC.",
         epilog="Every setting can also come from a YAML file (--config) or TITO_* environment variables "
         "(nested: TITO_SANDBOX__MEM_LIMIT=1g). Flags win over variables, variables over the file.",
     )
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-insecure", action="store_true", default=None,
                         help="listen on a non-loopback host without TLS and auth (only behind another guard)")
     parser.add_argument("--sweep", action="store_true",
-                        help="remove the sandbox containers and socket folders that servers of this --server-name "
+                        help="remove the sandboxes (containers and socket folders, or bwrap process trees and cgroups) that servers of this --server-name "
                         "left behind (e.g. after a SIGKILL), then exit without serving")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"])
@@ -87,17 +87,17 @@ def _given(**values: str | None) -> dict[str, str] | None:
 
 def sweep(config) -> int:
     """`--sweep`: what a killed server of this name left, removed without starting a server."""
-    import docker
+    from env_server.sandbox.backend import make_backend
 
-    from env_server.sandbox.pool import sweep_leftovers
-
+    backend = make_backend(config.sandbox, server_name=config.server_name, instance_id="sweep")
     try:
-        client = docker.from_env(timeout=60)
-        removed = sweep_leftovers(client, config.server_name, config.sandbox.socket_dir)
-    except (docker.errors.DockerException, OSError) as e:
-        print(f"error: cannot reach the Docker daemon to sweep: {e}", file=sys.stderr)
+        removed = backend.sweep()
+    except Exception as e:  # noqa: BLE001 - said in one line, like every start-up error
+        print(f"error: cannot sweep the {backend.name} sandboxes of server {config.server_name!r}: {e}", file=sys.stderr)
         return 1
-    print(f"removed {removed} sandbox container(s) of server {config.server_name!r}")
+    finally:
+        backend.close()
+    print(f"removed {removed} sandbox(es) of server {config.server_name!r} ({backend.name} backend)")
     return 0
 
 

@@ -22,9 +22,9 @@ from env_server.idempotency import OnceByKey
 from env_server.metrics import ServerMetrics
 from env_server.rendering import (InvalidTokenizerFilesError, RenderingContext, TokenizerRegistry,
                                   UnsupportedTemplateError, UploadTooLargeError)
-from env_server.sandbox.docker_sandbox import new_session_id
+from env_server.sandbox.sandbox import new_session_id
 from env_server.sandbox.pool import SandboxPool
-from env_server.sandbox.pools import TASK_IMAGE_BUILD_HINT, SandboxPools
+from env_server.sandbox.pools import SandboxPools
 from env_server.sessions import Session, SessionRegistry
 from tito.types import (EnvironmentInfo, OpenedSession, OpenSessionRequest, RegisterTokenizerRequest,
                         StepRequest, StepResult, TokenizerRegistration)
@@ -133,9 +133,7 @@ class Engine:
                                f"(TITO_TASK_IMAGES) allows {allowed}")
         pool = await self.pools.task_pool(image)
         if pool.missing_image:
-            raise RequestError(ErrorKind.FAILED_PRECONDITION,
-                               f"the task image {quote(image)} is not on this server's Docker daemon; "
-                               f"{TASK_IMAGE_BUILD_HINT}")
+            raise RequestError(ErrorKind.FAILED_PRECONDITION, pool.backend.missing_task_image(quote(image)))
         return pool
 
     async def _start_environment(self, env_cls: type[Environment], env_args: Any,

@@ -66,7 +66,18 @@ class PoolCollector(Collector):
             "busy": CounterMetricFamily("tito_pool_busy", "Opens refused after waiting for a start slot.",
                                         labels=["image"]),
         }
+        # Limits a backend cannot enforce here and what stands in (bwrap without writable cgroups): 1 per limit.
+        fallback = GaugeMetricFamily("tito_sandbox_limit_fallback", "Sandbox limits the backend cannot enforce on this "
+                                     "machine (1), by limit; the health detail and the start-up log say why.",
+                                     labels=["image", "backend", "limit"])
+        memory = GaugeMetricFamily("tito_sandbox_memory_bytes", "Memory charged to the live sandboxes of each image's "
+                                   "pool (bwrap: their cgroups).", labels=["image", "backend"])
         for image, pool in self.pools().items():
+            for limit in pool.backend.unenforced_limits:
+                fallback.add_metric([image, pool.backend.name, limit], 1)
+            stats = pool.backend.stats()
+            if "memory_bytes" in stats:
+                memory.add_metric([image, pool.backend.name], stats["memory_bytes"])
             gauges["depth"].add_metric([image], pool.depth)
             gauges["target"].add_metric([image], pool.demand.target(pool.depth))
             gauges["in_use"].add_metric([image], pool.in_use)
@@ -76,3 +87,5 @@ class PoolCollector(Collector):
             counters["busy"].add_metric([image], pool.busy_total)
         yield from gauges.values()
         yield from counters.values()
+        yield fallback
+        yield memory

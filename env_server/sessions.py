@@ -19,7 +19,7 @@ from env_server.episode import Episode
 from env_server.errors import SessionNotFound
 
 if TYPE_CHECKING:
-    from env_server.sandbox.docker_sandbox import Sandbox
+    from env_server.sandbox.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 

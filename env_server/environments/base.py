@@ -39,7 +39,7 @@ from env_server.errors import quote
 from tito.types import EnvironmentInfo, ToolCall, ToolResult, ToolSpec
 
 if TYPE_CHECKING:
-    from env_server.sandbox.docker_sandbox import Sandbox
+    from env_server.sandbox.sandbox import Sandbox
 
 
 class NoEnvArgs(BaseModel):

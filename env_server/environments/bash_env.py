@@ -8,7 +8,8 @@ from pydantic import Field
 
 from env_server.environments.base import StrictArgs, tool
 from env_server.environments.sandboxed import SandboxedEnvironment
-from env_server.sandbox.docker_sandbox import Sandbox, SandboxError
+from env_server.sandbox.errors import SandboxError
+from env_server.sandbox.sandbox import Sandbox
 from env_server.sandbox.result import ExecResult
 from tito.types import ToolResult
 

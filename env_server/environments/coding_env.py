@@ -39,7 +39,8 @@ from env_server.environments.coding_tools import (MAX_RESPONSE_CHARS, ExecuteBas
                                                    format_bash_result, format_edit)
 from env_server.environments.files import RepoLimits, check_files, encoded
 from env_server.environments.sandboxed import SandboxedEnvironment, SandboxEnvArgs
-from env_server.sandbox.docker_sandbox import Sandbox, SandboxError
+from env_server.sandbox.errors import SandboxError
+from env_server.sandbox.sandbox import Sandbox
 from env_server.sandbox.runtime import repl_protocol as protocol
 from tito.types import ToolResult
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from env_server.errors import quote
 
 if TYPE_CHECKING:
-    from env_server.sandbox.docker_sandbox import Sandbox
+    from env_server.sandbox.sandbox import Sandbox
 
 MAX_FILES = 100
 MAX_TOTAL_BYTES = 512 * 1024  # base64 inside one REPL request, well under sandbox.max_code_bytes

@@ -1,14 +1,16 @@
-"""Docker sandboxes: one hardened container per session, a warm pool, a persistent channel to its REPL."""
+"""Sandboxes: one hardened sandbox per session (a Docker container, or a bubblewrap process tree), a warm
+pool, a persistent channel to the REPL inside. backend.py is the interface between the two."""
 
+from .backend import ExitInfo, SandboxBackend, StartedSandbox, exit_reason, make_backend
 from .channel import ChannelClosed, ReplChannel
-from .config import DEFAULT_IMAGE, PoolConfig, SandboxConfig
-from .docker_sandbox import Sandbox, SandboxError, describe_exit
-from .labels import LABEL_INSTANCE, LABEL_MANAGED, LABEL_SERVER, LABEL_SESSION, selector
-from .pool import PoolState, SandboxPool, SandboxUnavailable
+from .config import DEFAULT_IMAGE, BwrapConfig, PoolConfig, SandboxConfig
+from .errors import BackendUnavailable, SandboxError, SandboxUnavailable
+from .pool import PoolState, SandboxPool
 from .result import ExecResult
+from .sandbox import Sandbox
 
 __all__ = [
-    "DEFAULT_IMAGE", "LABEL_INSTANCE", "LABEL_MANAGED", "LABEL_SERVER", "LABEL_SESSION",
-    "ChannelClosed", "ExecResult", "PoolConfig", "PoolState", "ReplChannel", "Sandbox", "SandboxConfig",
-    "SandboxError", "SandboxPool", "SandboxUnavailable", "describe_exit", "selector",
+    "DEFAULT_IMAGE", "BackendUnavailable", "BwrapConfig", "ChannelClosed", "ExecResult", "ExitInfo", "PoolConfig",
+    "PoolState", "ReplChannel", "Sandbox", "SandboxBackend", "SandboxConfig", "SandboxError", "SandboxPool",
+    "SandboxUnavailable", "StartedSandbox", "exit_reason", "make_backend",
 ]

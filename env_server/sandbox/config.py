@@ -1,11 +1,16 @@
-"""Sandbox and pool settings. Hardened by default; every limit can be changed, none is off."""
+"""Sandbox and pool settings. Hardened by default; every limit can be changed, none is off.
+
+`sandbox.backend` picks where sandboxes run: `docker` (a container each, through dockerd) or `bwrap` (a
+bubblewrap process tree each, no daemon, no root; its own settings under `sandbox.bwrap`). The limits, the
+working directory and the call timeouts are common to both; the settings marked "Docker" only apply there.
+"""
 
 from __future__ import annotations
 
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # The image tags scripts/build_images.sh builds; the same variables move both, so several checkouts
 # can share one Docker daemon with images of their own.
@@ -30,16 +35,51 @@ def parse_bytes(value: str | int) -> int:
     return int(float(num) * mult)
 
 
-class SandboxConfig(BaseModel):
-    """How one sandbox container is created and how calls into it are run."""
+class BwrapConfig(BaseModel):
+    """The bubblewrap backend's own settings (docs/security.md says what each isolates)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    bwrap_path: str = "bwrap"  # a name on PATH, or a path
+    # Where each image's read-only root filesystem lives (<rootfs_dir>/<image name>, built by
+    # scripts/build_rootfs.sh). None: $TITO_ROOTFS_DIR, else /var/lib/tito/rootfs as root,
+    # else ~/.cache/tito/rootfs.
+    rootfs_dir: str | None = None
+    # A server running as root starts sandboxes as this unprivileged host user ("uid:gid"), so that nothing in a
+    # sandbox is root on the host; an unprivileged server runs them as itself.
+    host_user: str = Field("65534:65534", pattern=r"^\d+:\d+$")
+    # Per-sandbox cgroups (pids, memory without swap, CPU) where the server may write them; "off" leaves the
+    # limits to rlimits (named in the health detail and /metrics). cgroup_parent: a cgroup the server may write
+    # (a v2 path under /sys/fs/cgroup, or a v1 path in each controller's hierarchy); None: found by itself.
+    cgroups: Literal["auto", "off"] = "auto"
+    cgroup_parent: str | None = None
+    seccomp: bool = True  # the system-call filter (bwrap/seccomp_filter.py); off only to debug
+    shm_size: str = "16m"  # /dev/shm, a tmpfs like /tmp
+
+    @field_validator("shm_size")
+    @classmethod
+    def _valid_size(cls, v: str) -> str:
+        if parse_bytes(v) <= 0:
+            raise ValueError(f"size must be positive: {v!r}")
+        return v
+
+
+class SandboxConfig(BaseModel):
+    """How one sandbox is created and how calls into it are run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Where sandboxes run: "docker" (a container each) or "bwrap" (a bubblewrap process tree each; no daemon,
+    # no root; TITO_SANDBOX__BACKEND=bwrap).
+    backend: Literal["docker", "bwrap"] = "docker"
+    bwrap: BwrapConfig = Field(default_factory=BwrapConfig)
 
     image: str = DEFAULT_IMAGE
     # None: the image's CMD (python3 -I /opt/tito/repl_server.py).
     command: list[str] | None = None
 
-    # Isolation.
+    # Isolation (network_mode, cap_drop, security_opt, init, runtime: Docker; bwrap always isolates as the
+    # defaults do, and refuses settings that would loosen them).
     network_mode: str = "none"
     read_only: bool = True
     user: str = "1000:1000"
@@ -97,9 +137,35 @@ class SandboxConfig(BaseModel):
             raise ValueError(f"size must be positive: {v!r}")
         return v
 
+    @model_validator(mode="after")
+    def _bwrap_isolates_fully(self) -> "SandboxConfig":
+        """The Docker-only settings the bwrap backend cannot honour are refused, not silently ignored."""
+        if self.backend != "bwrap":
+            return self
+        loosened = []
+        if self.network_mode != "none":
+            loosened.append(f"network_mode={self.network_mode!r} (bwrap sandboxes have loopback only: 'none')")
+        if not self.read_only:
+            loosened.append("read_only=false (bwrap mounts the root filesystem read-only)")
+        if [c.upper() for c in self.cap_drop] != ["ALL"]:
+            loosened.append(f"cap_drop={self.cap_drop} (bwrap drops every capability: ['ALL'])")
+        if self.runtime != "runc":
+            loosened.append(f"runtime={self.runtime!r} (an OCI runtime is a Docker setting)")
+        if loosened:
+            raise ValueError("sandbox.backend=bwrap cannot apply " + "; ".join(loosened)
+                             + ": remove these settings, or use sandbox.backend=docker")
+        return self
+
     @property
     def mem_limit_bytes(self) -> int:
         return parse_bytes(self.mem_limit)
+
+    @property
+    def max_reply_bytes(self) -> int:
+        """The longest line a sandbox may send: a call's reply (worst-case JSON escaping of its capped outputs),
+        or a file operation's (files in base64 within max_code_bytes, the editor's text, a tree's digests: ~100
+        bytes a file, 40,000 files in the default 4 MiB)."""
+        return max(6 * (2 * self.output_cap_bytes + 2 * self.value_cap_chars), 4 * self.max_code_bytes) + (1 << 16)
 
     @property
     def effective_memswap_limit(self) -> str:
@@ -130,7 +196,7 @@ class PoolConfig(BaseModel):
     create_timeout_s: float = Field(30.0, gt=0)  # create+start+ready of one sandbox, queue time excluded
     retry_backoff_s: float = Field(1.0, gt=0)  # after a failed create, doubling up to 30 s
     probe_interval_s: float = Field(5.0, gt=0)  # while not ready: re-check daemon and image
-    docker_threads: int = Field(12, gt=0)  # threads for blocking Docker SDK calls (starts, refill, removals)
+    docker_threads: int = Field(12, gt=0)  # threads for the backend's blocking calls (Docker SDK; bwrap spawns, removals)
     # Environments on another image than sandbox.image (python_scientific) get a pool of their own this size.
     other_images_target_size: int = Field(1, ge=0)
     # Task images (a session's env_args `image`, allowed by the server's task_images) get a pool at their first

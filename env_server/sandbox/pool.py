@@ -3,7 +3,7 @@
 The pool is a small state machine; every transition goes through `_enter`, which logs it and
 tells the listeners (the server sets gRPC health from it):
 
-    NOT_STARTED --start--> READY | UNAVAILABLE      (daemon reachable and image present, or not)
+    NOT_STARTED --start--> READY | UNAVAILABLE      (backend usable and image present, or not)
     READY <--probe--> UNAVAILABLE                   (a failed create re-probes; the refill loop retries)
     any --close--> CLOSED
 """
@@ -19,15 +19,11 @@ import os
 import weakref
 from typing import Any, Callable, TypeVar
 
-import docker
-import docker.errors
-
-from .config import BUILD_HINT, PoolConfig, SandboxConfig
-from .container import ContainerHandle
+from .backend import SandboxBackend, make_backend
+from .config import PoolConfig, SandboxConfig
 from .demand import DemandTracker
-from .docker_sandbox import Sandbox, SandboxError
-from .labels import LABEL_INSTANCE, selector
-from .socket_channel import remove_instance_dirs
+from .errors import BackendUnavailable, SandboxError, SandboxUnavailable
+from .sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -37,49 +33,28 @@ _MAX_BACKOFF_S = 30.0
 _REFILL_QUIET_S = 0.5
 
 
-class SandboxUnavailable(SandboxError):
-    """No sandbox can be made: the daemon is unreachable, the image is missing, or the pool is closed."""
-
-
-class MissingRuntime(Exception):
-    """sandbox.runtime names a runtime the Docker daemon does not have."""
-
-
 class PoolBusy(SandboxUnavailable):
     """Every start slot stayed taken for admission_timeout_s: the server is overloaded now; retry later."""
-
-
-def sweep_leftovers(client: docker.DockerClient, server_name: str, socket_dir: str,
-                    keep_instance: str | None = None) -> int:
-    """Force-removes the containers and socket folders of `server_name` (but `keep_instance`'s).
-    Blocking. Returns how many containers were removed."""
-    removed = 0
-    for c in client.api.containers(all=True, filters=selector(server=server_name)):
-        if keep_instance is not None and (c.get("Labels") or {}).get(LABEL_INSTANCE) == keep_instance:
-            continue
-        try:
-            removed += ContainerHandle(client.api, c["Id"]).remove()
-        except docker.errors.APIError as exc:
-            log.warning("sweep: could not remove %s: %s", c["Id"][:12], exc)
-    remove_instance_dirs(socket_dir, server_name, keep=keep_instance)
-    return removed
 
 
 class PoolState(enum.Enum):
     NOT_STARTED = "not started"
     READY = "ready"
-    UNAVAILABLE = "unavailable"  # daemon unreachable or image missing: `reason` says which
+    UNAVAILABLE = "unavailable"  # backend unusable (dockerd down, no bwrap) or image missing: `reason` says which
     CLOSED = "closed"
 
 
 class SandboxPool:
     def __init__(self, sandbox: SandboxConfig, pool: PoolConfig, server_name: str, instance_id: str,
-                 sweep_at_start: bool = True):
+                 sweep_at_start: bool = True, backend: SandboxBackend | None = None):
         self.sandbox_config = sandbox
         self.pool_config = pool
         self.server_name = server_name
         self.instance_id = instance_id
-        self._client: docker.DockerClient | None = None
+        # Where its sandboxes run (sandbox.backend); pools of one server may share one.
+        self.backend = backend or make_backend(sandbox, server_name=server_name, instance_id=instance_id,
+                                               threads=pool.docker_threads)
+        self._owns_backend = backend is None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._idle: collections.deque[Sandbox] = collections.deque()
         self._made: weakref.WeakSet[Sandbox] = weakref.WeakSet()
@@ -132,7 +107,7 @@ class SandboxPool:
 
     @property
     def ready(self) -> bool:
-        """Image present and daemon reachable (and the pool not closed)."""
+        """Image present and backend usable (and the pool not closed)."""
         return self.state is PoolState.READY
 
     @property
@@ -154,8 +129,10 @@ class SandboxPool:
     def status_detail(self) -> str:
         """One line for health checks and UNAVAILABLE errors."""
         if self.state is PoolState.READY:
+            note = self.backend.limits_note
             return (f"ready: {self.depth} warm of {self.demand.target(len(self._idle))}, "
-                    f"{self._creating} starting, image {self.sandbox_config.image}")
+                    f"{self._creating} starting, image {self.sandbox_config.image} ({self.backend.name} backend"
+                    + (f"; {note})" if note else ")"))
         if self.state is PoolState.CLOSED:
             return "sandbox pool closed"
         return self.reason or f"sandbox pool {self.state.value}"
@@ -169,11 +146,11 @@ class SandboxPool:
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Checks daemon and image, sweeps what a previous server left, then fills in the background."""
+        """Checks backend and image, sweeps what a previous server left, then fills in the background."""
         if self._executor is not None:
             return
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            self.pool_config.docker_threads, thread_name_prefix="tito-docker")
+            self.pool_config.docker_threads, thread_name_prefix=f"tito-{self.backend.name}")
         await self._probe()
         self._refill_task = asyncio.get_running_loop().create_task(self._refill_loop(),
                                                                    name="sandbox-pool-refill")
@@ -184,66 +161,37 @@ class SandboxPool:
                  cfg.max_concurrent_starts, cfg.admission_timeout_s, cfg.create_timeout_s)
 
     async def _probe(self) -> bool:
-        """(Re)checks the daemon and the image; sweeps on the first success."""
-        image = self.sandbox_config.image
-
-        def check() -> None:
-            if self._client is None:
-                self._client = docker.from_env(max_pool_size=self.pool_config.docker_threads + 4,
-                                               timeout=60)
-            self._client.ping()
-            self._client.api.inspect_image(image)
-            runtime = self.sandbox_config.runtime
-            if runtime != "runc":
-                known = (self._client.info().get("Runtimes") or {}).keys()
-                if runtime not in known:
-                    raise MissingRuntime(
-                        f"the Docker daemon has no runtime {runtime!r} (it has: {', '.join(sorted(known))}); for "
-                        "gVisor run TITO_SANDBOX_RUNTIME=runsc scripts/setup.sh, which installs runsc and "
-                        "registers it with dockerd, or set sandbox.runtime=runc")
-
+        """(Re)checks the backend and the image; sweeps on the first success."""
         try:
-            await self._run(check)
-        except docker.errors.ImageNotFound:
-            self.missing_image = True
-            reason = f"sandbox image {image!r} not found; {BUILD_HINT}"
-        except MissingRuntime as exc:
-            reason = str(exc)
-        except (docker.errors.DockerException, OSError) as exc:
-            self.missing_image = False
-            reason = (f"Docker daemon unreachable ({exc}); start dockerd or set DOCKER_HOST, "
-                      f"and make sure the image {image!r} exists ({BUILD_HINT})")
-        else:
-            self.missing_image = False
-            if not self._swept:
-                self._swept = True
-                await self.sweep()
+            await self._run(self.backend.probe, self.sandbox_config.image)
+        except BackendUnavailable as exc:
+            self.missing_image = exc.missing_image
             if not self._closed:
-                self._enter(PoolState.READY)
-            return True
+                self._enter(PoolState.UNAVAILABLE, str(exc))
+            return False
+        self.missing_image = False
+        if not self._swept:
+            self._swept = True
+            await self.sweep()
         if not self._closed:
-            self._enter(PoolState.UNAVAILABLE, reason)
-        return False
+            self._enter(PoolState.READY)
+        return True
 
     async def sweep(self) -> int:
-        """Force-removes containers of this server_name left by other (previous) instances."""
-        assert self._client is not None
-        client = self._client
-
+        """Removes the sandboxes of this server_name left by other (previous) instances."""
         try:
-            removed = await self._run(sweep_leftovers, client, self.server_name, self.sandbox_config.socket_dir,
-                                      keep_instance=self.instance_id)
-        except (docker.errors.DockerException, OSError) as exc:
+            removed = await self._run(lambda: self.backend.sweep(keep_instance=self.instance_id))
+        except Exception as exc:  # noqa: BLE001 - a failed sweep must not stop the server
             log.warning("sweep of leftover sandboxes failed: %s", exc)
             return 0
         if removed:
-            log.info("swept %d leftover sandbox container(s) of server %r", removed, self.server_name)
+            log.info("swept %d leftover sandbox(es) of server %r", removed, self.server_name)
         return removed
 
     async def close(self, instance_wide: bool = True) -> None:
         """Destroys everything this pool started (pooled, handed out, being created). `instance_wide`: then
-        also sweeps every container and socket folder of the instance (a create that raced the cancellation);
-        pools that share the instance id with others still serving (SandboxPools) leave that to the last one."""
+        also sweeps every sandbox of the instance (a create that raced the cancellation); pools that share the
+        instance id with others still serving (SandboxPools) leave that to the last one."""
         if self._closed:
             return
         self._enter(PoolState.CLOSED)
@@ -257,33 +205,21 @@ class SandboxPool:
         await asyncio.gather(*(sb.destroy() for sb in sandboxes), return_exceptions=True)
         executor, self._executor = self._executor, None
         if executor is not None:
-            # Lets cleanups of cancelled creates finish (they remove their own containers).
+            # Lets cleanups of cancelled creates finish (they remove their own sandboxes).
             await asyncio.to_thread(executor.shutdown, wait=True)
-        client, self._client = self._client, None
-        if client is not None and not instance_wide:
-            await asyncio.to_thread(client.close)
-        elif client is not None:
-            def final_sweep() -> None:
-                # Anything of ours still there (e.g. a create that raced the cancellation).
-                for c in client.api.containers(
-                        all=True, filters=selector(server=self.server_name, instance=self.instance_id)):
-                    ContainerHandle(client.api, c["Id"]).remove()
-                client.close()
-
-            try:
-                await asyncio.to_thread(final_sweep)
-            except (docker.errors.DockerException, OSError) as exc:
+        if executor is not None and instance_wide:
+            try:  # anything of ours still there (e.g. a create that raced the cancellation)
+                await asyncio.to_thread(self.backend.sweep, only_instance=self.instance_id)
+            except Exception as exc:  # noqa: BLE001
                 log.warning("final sweep failed: %s", exc)
-        if instance_wide:
-            await asyncio.to_thread(remove_instance_dirs, self.sandbox_config.socket_dir, self.server_name,
-                                    only=self.instance_id)
+        if self._owns_backend:
+            await asyncio.to_thread(self.backend.close)
 
     # -- sandboxes --------------------------------------------------------------------------------
 
     async def _create(self) -> Sandbox:
-        assert self._client is not None and self._executor is not None
-        sb = await Sandbox.create(self._client, self.sandbox_config, server_name=self.server_name,
-                                  instance_id=self.instance_id, executor=self._executor,
+        assert self._executor is not None
+        sb = await Sandbox.create(self.backend, self.sandbox_config, executor=self._executor,
                                   timeout_s=self.pool_config.create_timeout_s)
         self._made.add(sb)
         self.created_total += 1

@@ -20,10 +20,6 @@ from collections.abc import Iterable
 from .config import PoolConfig, SandboxConfig
 from .pool import SandboxPool
 
-TASK_IMAGE_BUILD_HINT = ("build it on the server's Docker daemon from the sandbox image, offline (the recipe: "
-                         "sandbox_images/task/Dockerfile; scripts/build_task_images.sh builds the example tasks)")
-
-
 class SandboxPools:
     def __init__(self, sandbox: SandboxConfig, pool: PoolConfig, server_name: str, instance_id: str,
                  task_images: Iterable[str] = ()) -> None:

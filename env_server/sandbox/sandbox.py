@@ -1,7 +1,9 @@
-"""One hardened container running the REPL, and its persistent channel.
+"""One started sandbox running the REPL, and its persistent channel: the calls every environment makes.
 
-Docker SDK calls are blocking, so every one of them runs in the pool's thread executor; the
-channel itself is plain asyncio socket I/O, so a call needs no thread hop.
+Whichever backend started it (backend.py), a sandbox is spoken to the same way: requests and typed replies of
+the REPL protocol over a `ReplChannel` (plain asyncio socket I/O, so a call needs no thread hop); only signals,
+the diagnosis of a death and removal go to the backend's handle, whose blocking calls run in the pool's
+executor.
 """
 
 from __future__ import annotations
@@ -10,84 +12,50 @@ import asyncio
 import base64
 import concurrent.futures
 import logging
-import signal
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, TypeVar
 
-import docker
-import docker.errors
-
+from .backend import SandboxBackend, SandboxHandle, exit_reason
 from .channel import ChannelClosed, ReplChannel
-from .config import SandboxConfig, parse_bytes
-from .container import ContainerHandle
+from .config import SandboxConfig
+from .errors import SandboxError
 from .result import ExecResult
 from .runtime import repl_protocol as protocol
-from .startup import SandboxStart
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-class SandboxError(Exception):
-    """A sandbox could not be created or started."""
-
-
 def new_session_id() -> str:
     return uuid.uuid4().hex
 
 
-def describe_exit(state: dict[str, Any], mem_limit: str) -> str:
-    """Human-readable reason for a dead REPL from the container's State."""
-    if state.get("OOMKilled"):
-        return f"out of memory (limit {parse_bytes(mem_limit) / (1 << 20):.0f} MiB)"
-    code = state.get("ExitCode")
-    if state.get("Running"):
-        return "REPL channel closed while the container was still running"
-    if not isinstance(code, int):
-        return "sandbox exited (exit status unknown)"
-    if code > 128:
-        try:
-            name = signal.Signals(code - 128).name
-        except ValueError:
-            name = f"signal {code - 128}"
-        if name == "SIGSEGV":
-            return f"segmentation fault (SIGSEGV, exit code {code})"
-        if name == "SIGKILL":
-            return f"killed by SIGKILL (exit code {code})"
-        return f"killed by {name} (exit code {code})"
-    if code == protocol.EXIT_CHANNEL_BROKEN:
-        return f"REPL exited with code {code} (its protocol channel was broken by the code)"
-    return f"REPL exited with code {code}"
-
-
-def _start_error(exc: BaseException, timeout_s: float, image: str) -> BaseException:
+def _start_error(exc: BaseException, timeout_s: float) -> BaseException:
     """What a failed start raises: a SandboxError that says why, or the exception itself."""
     if isinstance(exc, asyncio.TimeoutError):
         return SandboxError(f"sandbox did not become ready within {timeout_s:.1f} s")
-    if isinstance(exc, docker.errors.ImageNotFound):
-        return SandboxError(f"sandbox image {image!r} not found")
     if isinstance(exc, ChannelClosed):
         return SandboxError(f"sandbox REPL died during start-up: {exc}")
     if isinstance(exc, ValueError):
         return SandboxError(f"sandbox REPL sent a malformed ready line: {exc}")
-    if isinstance(exc, (docker.errors.DockerException, OSError)):
+    if isinstance(exc, OSError):
         return SandboxError(f"could not start sandbox: {exc}")
     return exc
 
 
 class Sandbox:
-    """A started container with a ready REPL; use `Sandbox.create` (or a `SandboxPool`)."""
+    """A started sandbox with a ready REPL; use `Sandbox.create` (or a `SandboxPool`)."""
 
-    def __init__(self, *, container: ContainerHandle, channel: ReplChannel, config: SandboxConfig,
-                 session_id: str, executor: concurrent.futures.Executor, attach: ReplChannel | None = None):
-        self.container = container
-        # Calls go over `_channel`; `_attach` (the container's stdio) is the same object in attach
-        # mode, and in socket mode stays open as the dead-man switch and death detector.
+    def __init__(self, *, handle: SandboxHandle, channel: ReplChannel, config: SandboxConfig,
+                 session_id: str, executor: concurrent.futures.Executor, watch: ReplChannel | None = None):
+        self.handle = handle
+        # Calls go over `_channel`; `_watch` (the REPL's stdio) is the same object when calls flow over stdio,
+        # and otherwise stays open as the dead-man switch and death detector.
         self._channel = channel
-        self._attach = attach or channel
+        self._watch = watch or channel
         self.config = config
         self.session_id = session_id
         self._executor = executor
@@ -97,38 +65,33 @@ class Sandbox:
         self.created_at = time.monotonic()
 
     @property
-    def container_id(self) -> str:
-        return self.container.id
+    def backend_id(self) -> str:
+        """The backend's name for it: the container id, or the bwrap sandbox's name."""
+        return self.handle.id
 
     @property
     def alive(self) -> bool:
         return (not self._destroyed and self.lost_reason is None and not self._channel.closed
-                and not self._attach.closed)
+                and not self._watch.closed)
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
 
     @classmethod
-    async def create(cls, client: docker.DockerClient, config: SandboxConfig, *, server_name: str,
-                     instance_id: str, executor: concurrent.futures.Executor,
+    async def create(cls, backend: SandboxBackend, config: SandboxConfig, *, executor: concurrent.futures.Executor,
                      timeout_s: float = 30.0, session_id: str | None = None) -> Sandbox:
-        """Starts a sandbox (see `startup.py`); a failed start leaves no container behind."""
-        start = SandboxStart(client, config, server_name=server_name, instance_id=instance_id,
-                             session_id=session_id or new_session_id(), executor=executor)
+        """Starts a sandbox of `config` on `backend`; a failed start leaves nothing behind."""
+        session_id = session_id or new_session_id()
         try:
-            await start.run(timeout_s)
+            started = await backend.start(config, session_id=session_id, executor=executor, timeout_s=timeout_s)
         except BaseException as exc:
-            await start.abort()
-            error = _start_error(exc, timeout_s, config.image)
+            error = _start_error(exc, timeout_s)
             if error is exc:
                 raise
             raise error from (None if isinstance(exc, asyncio.TimeoutError) else exc)
-        finally:
-            start.close_endpoint()
-        assert start.container is not None and start.calls is not None
-        return cls(container=start.container, channel=start.calls, config=config, session_id=start.session_id,
-                   executor=executor, attach=start.attach)
+        return cls(handle=started.handle, channel=started.calls, config=config, session_id=session_id,
+                   executor=executor, watch=started.watch)
 
     # -- calls ------------------------------------------------------------------------------------
 
@@ -248,6 +211,8 @@ class Sandbox:
                     reason = (f"code ignored the {timeout:g} s timeout and the interrupt; "
                               "sandbox killed")
                     await self._kill_and_mark_lost(reason)
+                    if fut.done() and not fut.cancelled():
+                        fut.exception()  # the closed channel's error: known, and said as the loss
                     return self._lost_result(ms(), reason=reason, timed_out=True)
                 reply = fut.result()
             except ChannelClosed:
@@ -295,39 +260,28 @@ class Sandbox:
 
     async def _signal(self, sig: str) -> None:
         try:
-            await self._run(self.container.signal, sig)
-        except docker.errors.DockerException as exc:
+            await self._run(self.handle.signal, sig)
+        except Exception as exc:  # noqa: BLE001 - gone already: the channel's EOF says the rest
             log.info("sandbox %s: %s not delivered: %s", self.session_id[:12], sig, exc)
 
     async def _kill_and_mark_lost(self, reason: str) -> None:
         self.lost_reason = reason
         await self._signal("SIGKILL")
         await self._channel.close()
-        await self._attach.close()
+        await self._watch.close()
         log.warning("sandbox %s lost: %s", self.session_id[:12], reason)
 
     async def _death_reason(self) -> str:
-        """After EOF on the channel: why did the REPL die? (container.wait + inspect)."""
+        """After EOF on the channel: why did the REPL die? (the backend's exit status, OOM kill, ...)."""
         if self.lost_reason:
             return self.lost_reason
         if self._destroyed:
             return "sandbox destroyed"
-
-        def inspect() -> dict[str, Any]:
-            try:
-                self.container.wait(5)
-            except Exception:  # noqa: BLE001 - still running (REPL closed its channel) or gone
-                pass
-            state = self.container.state()
-            if state.get("Running"):
-                self.container.signal("SIGKILL")
-            return state
-
         try:
-            state = await self._run(inspect)
-            reason = describe_exit(state, self.config.mem_limit)
-        except docker.errors.NotFound:
-            reason = "container removed from outside"
+            info = await self._run(self.handle.exit_info, 5.0)
+            reason = exit_reason(info, self.config.mem_limit_bytes)
+        except SandboxError as exc:  # e.g. removed from outside
+            reason = str(exc)
         except Exception as exc:  # noqa: BLE001
             reason = f"REPL channel closed ({self._channel.close_reason}); inspect failed: {exc}"
         self.lost_reason = reason
@@ -337,23 +291,23 @@ class Sandbox:
     def on_death(self, listener: Callable[[], Any]) -> None:
         """Calls `listener()` when the sandbox stops being able to serve (either channel closed)."""
         self._channel.on_close(listener)
-        if self._attach is not self._channel:
-            self._attach.on_close(listener)
+        if self._watch is not self._channel:
+            self._watch.on_close(listener)
 
     async def close_channel(self) -> None:
-        """Stops serving at once (the REPL exits on the EOF); `destroy` removes the container later."""
+        """Stops serving at once (the REPL exits on the EOF); `destroy` removes the sandbox later."""
         await self._channel.close()
-        await self._attach.close()
+        await self._watch.close()
 
     async def destroy(self) -> None:
-        """Closes the channel and force-removes the container. Idempotent; never raises."""
+        """Closes the channel and removes the sandbox (every process of it). Idempotent; never raises."""
         if self._destroyed:
             return
         self._destroyed = True
         await self._channel.close()
-        await self._attach.close()
+        await self._watch.close()
         try:
-            await self._run(self.container.remove)
+            await self._run(self.handle.remove)
         except Exception as exc:  # noqa: BLE001
-            log.warning("could not remove sandbox container %s: %s", self.container_id[:12], exc)
+            log.warning("could not remove sandbox %s: %s", self.backend_id[:12], exc)
 

@@ -17,7 +17,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from .runtime import repl_protocol as protocol
+from ..runtime import repl_protocol as protocol
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ import docker
 import docker.errors
 from docker.types import LogConfig, Ulimit
 
-from .channel import ReplChannel
-from .config import SandboxConfig
+from ..channel import ReplChannel
+from ..config import SandboxConfig
 from .container import ContainerHandle
 from .labels import labels
-from .runtime import repl_protocol as protocol
+from ..runtime import repl_protocol as protocol
 from .socket_channel import SocketEndpoint
 
 log = logging.getLogger(__name__)
@@ -106,14 +106,6 @@ class SandboxStart:
         self.attach: ReplChannel | None = None  # the container's stdio: ready line, dead-man switch
         self.calls: ReplChannel | None = None  # where requests go: the socket, or the attach channel
 
-    @property
-    def _max_line(self) -> int:
-        # A call's reply (worst-case JSON escaping of its capped outputs), or a file operation's: files in
-        # base64 within max_code_bytes, the editor's text, a tree's digests (~100 bytes a file: 40,000 files
-        # in the default 4 MiB).
-        c = self.config
-        return max(6 * (2 * c.output_cap_bytes + 2 * c.value_cap_chars), 4 * c.max_code_bytes) + (1 << 16)
-
     async def run(self, timeout_s: float) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -128,7 +120,8 @@ class SandboxStart:
         self._boot = self.executor.submit(self._boot_container)
         # Shielded: a timeout must not abandon the blocking call; `abort` waits for it.
         sock = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._boot)), left())
-        self.attach = await ReplChannel.open(sock, name=self.session_id[:12], max_line_bytes=self._max_line)
+        self.attach = await ReplChannel.open(sock, name=self.session_id[:12],
+                                             max_line_bytes=self.config.max_reply_bytes)
         timeout = left()  # before the coroutine exists: a spent deadline must not leave it never awaited
         ready = protocol.parse_ready(await asyncio.wait_for(self.attach.wait_ready(), timeout))
         self.calls = await self._accept_socket(ready, left()) or self.attach
@@ -171,7 +164,8 @@ class SandboxStart:
                        "same path in it")
             return None
         conn = await self.endpoint.accept(timeout_s)
-        return await ReplChannel.open(conn, name=self.session_id[:12], max_line_bytes=self._max_line, framed=False)
+        return await ReplChannel.open(conn, name=self.session_id[:12], max_line_bytes=self.config.max_reply_bytes,
+                                      framed=False)
 
     def close_endpoint(self) -> None:
         if self.endpoint is not None:

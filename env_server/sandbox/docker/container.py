@@ -1,4 +1,5 @@
-"""One container through docker-py's low-level API, in the spirit of its `Container` model.
+"""One container through docker-py's low-level API, in the spirit of its `Container` model: the Docker
+backend's `SandboxHandle`.
 
 The low-level `APIClient` rather than `client.containers`: the high-level `create` ends with an
 extra inspect round trip (`self.get(id)`) per sandbox, and the attach stream must be taken
@@ -13,6 +14,9 @@ from typing import Any
 
 import docker
 import docker.errors
+
+from ..backend import ExitInfo
+from ..errors import SandboxError
 
 
 class ContainerHandle:
@@ -40,12 +44,20 @@ class ContainerHandle:
     def signal(self, sig: str) -> None:
         self.api.kill(self.id, signal=sig)
 
-    def wait(self, timeout_s: float) -> None:
-        """Until the container stops (raises on timeout)."""
-        self.api.wait(self.id, timeout=timeout_s)
-
-    def state(self) -> dict[str, Any]:
-        return self.api.inspect_container(self.id)["State"]
+    def exit_info(self, wait_s: float) -> ExitInfo:
+        try:
+            self.api.wait(self.id, timeout=wait_s)
+        except Exception:  # noqa: BLE001 - still running (the REPL closed its channel), or gone: inspected below
+            pass
+        try:
+            state = self.api.inspect_container(self.id)["State"]
+        except docker.errors.NotFound:
+            raise SandboxError("container removed from outside") from None
+        if state.get("Running"):
+            self.signal("SIGKILL")
+        code = state.get("ExitCode")
+        return ExitInfo(running=bool(state.get("Running")), exit_code=code if isinstance(code, int) else None,
+                        oom_killed=bool(state.get("OOMKilled")))
 
     def remove(self) -> bool:
         """Force-removes it; False if it was already gone."""

@@ -1,0 +1,101 @@
+"""The Docker backend: one hardened container per sandbox, through the Docker daemon (docker-py).
+
+Containers carry tito's labels (labels.py), which is how sweeps find what a server left; a sandbox starts in
+the named steps of startup.py; calls go over a per-sandbox unix socket (socket_channel.py) or the container's
+attached stdio. Every docker-py call blocks: they run in the pool's executor.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+
+import docker
+import docker.errors
+
+from ..backend import SandboxBackend, StartedSandbox
+from ..config import BUILD_HINT, SandboxConfig
+from ..errors import BackendUnavailable, SandboxError
+from .container import ContainerHandle
+from .labels import LABEL_INSTANCE, selector
+from .socket_channel import remove_instance_dirs
+from .startup import SandboxStart
+
+log = logging.getLogger(__name__)
+
+
+class DockerBackend(SandboxBackend):
+    name = "docker"
+
+    def __init__(self, config: SandboxConfig, *, server_name: str, instance_id: str, connections: int = 16) -> None:
+        super().__init__(config, server_name=server_name, instance_id=instance_id)
+        self._connections = connections
+        self._client: docker.DockerClient | None = None
+
+    @property
+    def client(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = docker.from_env(max_pool_size=self._connections, timeout=60)
+        return self._client
+
+    def probe(self, image: str) -> None:
+        try:
+            self.client.ping()
+            self.client.api.inspect_image(image)
+            runtime = self.config.runtime
+            if runtime != "runc":
+                known = (self.client.info().get("Runtimes") or {}).keys()
+                if runtime not in known:
+                    raise BackendUnavailable(
+                        f"the Docker daemon has no runtime {runtime!r} (it has: {', '.join(sorted(known))}); for "
+                        "gVisor run TITO_SANDBOX_RUNTIME=runsc scripts/setup.sh, which installs runsc and "
+                        "registers it with dockerd, or set sandbox.runtime=runc")
+        except docker.errors.ImageNotFound:
+            raise BackendUnavailable(f"sandbox image {image!r} not found; {BUILD_HINT}", missing_image=True) from None
+        except (docker.errors.DockerException, OSError) as exc:
+            raise BackendUnavailable(
+                f"Docker daemon unreachable ({exc}); start dockerd or set DOCKER_HOST, and make sure the image "
+                f"{image!r} exists ({BUILD_HINT}); or run sandboxes without Docker: sandbox.backend=bwrap "
+                "(docs/setup.md)") from None
+
+    def missing_task_image(self, quoted_image: str) -> str:
+        return (f"the task image {quoted_image} is not on this server's Docker daemon; build it on that daemon from the "
+                "sandbox image, offline (the recipe: sandbox_images/task/Dockerfile; scripts/build_task_images.sh "
+                "builds the example tasks)")
+
+    async def start(self, config: SandboxConfig, *, session_id: str, executor: concurrent.futures.Executor,
+                    timeout_s: float) -> StartedSandbox:
+        start = SandboxStart(self.client, config, server_name=self.server_name, instance_id=self.instance_id,
+                             session_id=session_id, executor=executor)
+        try:
+            await start.run(timeout_s)
+        except BaseException as exc:
+            await start.abort()
+            if isinstance(exc, docker.errors.ImageNotFound):
+                raise SandboxError(f"sandbox image {config.image!r} not found") from exc
+            if isinstance(exc, docker.errors.DockerException):
+                raise SandboxError(f"could not start sandbox: {exc}") from exc
+            raise
+        finally:
+            start.close_endpoint()
+        assert start.container is not None and start.calls is not None and start.attach is not None
+        return StartedSandbox(handle=start.container, calls=start.calls, watch=start.attach)
+
+    def sweep(self, *, keep_instance: str | None = None, only_instance: str | None = None) -> int:
+        """Force-removes the containers and socket folders of this server name (labels.selector)."""
+        removed = 0
+        api = self.client.api
+        for c in api.containers(all=True, filters=selector(server=self.server_name, instance=only_instance)):
+            if keep_instance is not None and (c.get("Labels") or {}).get(LABEL_INSTANCE) == keep_instance:
+                continue
+            try:
+                removed += ContainerHandle(api, c["Id"]).remove()
+            except docker.errors.APIError as exc:
+                log.warning("sweep: could not remove %s: %s", c["Id"][:12], exc)
+        remove_instance_dirs(self.config.socket_dir, self.server_name, keep=keep_instance, only=only_instance)
+        return removed
+
+    def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
