@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Makes a Debian base image (python3 3.11 included) from Debian's packages, for machines that reach
-# Debian's mirror but no container registry:
-#   debootstrap --variant=minbase --include=python3 bookworm ROOTFS $MIRROR ; tar -C ROOTFS -c . | docker import
+# Debian's mirror but no container registry. The tree is the bwrap backend's base root filesystem too
+# (env_server/sandbox/bwrap/rootfs_build.py base: debootstrap --variant=minbase --include=python3, slimmed),
+# so a machine that runs both backends bootstraps once:
+#   rootfs_build base  ->  <rootfs dir>/base-bookworm/root  ->  tar | docker import
 #
 # Usage: scripts/bootstrap_base_image.sh [TAG]        (default tag: tito-base:bookworm)
-# Env:   TITO_DEBIAN_SUITE (bookworm), TITO_DEBIAN_MIRROR (http://deb.debian.org/debian),
+# Env:   TITO_DEBIAN_SUITE (bookworm), TITO_DEBIAN_MIRROR (http://deb.debian.org/debian), TITO_ROOTFS_DIR,
 #        TITO_FORCE_BOOTSTRAP=1 to rebuild an existing image.
-# Idempotent: does nothing when the image already exists. Needs root (debootstrap) and a Docker daemon.
+# Idempotent: does nothing when the image already exists. Needs root (debootstrap), a Docker daemon and .venv.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 TAG=${1:-${TITO_BOOTSTRAP_TAG:-tito-base:bookworm}}
 SUITE=${TITO_DEBIAN_SUITE:-bookworm}
-MIRROR=${TITO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 log() { printf '[bootstrap] %s\n' "$*"; }
 die() { printf '[bootstrap] ERROR: %s\n' "$*" >&2; exit 1; }
@@ -24,6 +26,7 @@ if [ "${TITO_FORCE_BOOTSTRAP:-0}" != 1 ] && docker image inspect "$TAG" >/dev/nu
 fi
 
 [ "$(id -u)" = 0 ] || die "debootstrap needs root; run as root or import a base image yourself"
+[ -x .venv/bin/python ] || die ".venv is missing: run scripts/setup.sh (it makes .venv first)"
 
 if ! command -v debootstrap >/dev/null 2>&1; then
     log "installing debootstrap (apt-get)"
@@ -32,42 +35,19 @@ if ! command -v debootstrap >/dev/null 2>&1; then
     apt-get install -y -qq debootstrap >/dev/null
 fi
 
-ROOTFS=$(mktemp -d "${TMPDIR:-/var/tmp}/tito-rootfs.XXXXXX")
-cleanup() {
-    # debootstrap mounts /proc and /sys inside the target; never rm -rf through a live mount.
-    local m
-    for m in $(awk -v r="$ROOTFS" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r); do
-        umount -l "$m" 2>/dev/null || true
-    done
-    if ! awk -v r="$ROOTFS" 'index($2, r) == 1 {found=1} END {exit !found}' /proc/mounts; then
-        rm -rf "$ROOTFS"
-    else
-        printf '[bootstrap] WARNING: mounts left under %s; not removing it\n' "$ROOTFS" >&2
-    fi
-}
-trap cleanup EXIT
-
-log "debootstrap --variant=minbase --include=python3 $SUITE $ROOTFS $MIRROR (about a minute)"
 start=$SECONDS
-if ! debootstrap --variant=minbase --include=python3 "$SUITE" "$ROOTFS" "$MIRROR" >"$ROOTFS.log" 2>&1; then
-    tail -n 30 "$ROOTFS.log" >&2
-    die "debootstrap failed (full log: $ROOTFS.log)"
-fi
-rm -f "$ROOTFS.log"
-log "debootstrap done in $((SECONDS - start)) s"
+build=(.venv/bin/python -m env_server.sandbox.bwrap.rootfs_build)
+[ "${TITO_FORCE_BOOTSTRAP:-0}" = 1 ] && build+=(--force)
+"${build[@]}" base --name "base-$SUITE" --suite "$SUITE"
+tree="$(.venv/bin/python -c 'from env_server.sandbox.bwrap import rootfs; print(rootfs.default_rootfs_dir())')/base-$SUITE/root"
+[ -x "$tree/usr/bin/python3" ] || die "python3 missing in $tree"
 
-# Slim it down; keep /etc/apt/sources.list so Dockerfiles can still apt-get install over http.
-rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/* "$ROOTFS"/var/log/* \
-       "$ROOTFS"/usr/share/doc/* "$ROOTFS"/usr/share/man/* "$ROOTFS"/usr/share/info/*
-[ -s "$ROOTFS/etc/apt/sources.list" ] || echo "deb $MIRROR $SUITE main" >"$ROOTFS/etc/apt/sources.list"
-[ -x "$ROOTFS/usr/bin/python3" ] || die "python3 missing in the rootfs"
-
-log "docker import -> $TAG"
-tar --numeric-owner -C "$ROOTFS" -c . | docker import \
+log "docker import $tree -> $TAG"
+tar --numeric-owner -C "$tree" -c . | docker import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' \
     --change 'CMD ["python3"]' \
-    --message "debootstrap --variant=minbase --include=python3 $SUITE ($MIRROR)" \
+    --message "debootstrap --variant=minbase --include=python3 $SUITE" \
     - "$TAG" >/dev/null
 docker run --rm --network none "$TAG" python3 -c 'import sys; print("[bootstrap] python", sys.version.split()[0], "in", sys.argv[1])' "$TAG"
 log "done in $((SECONDS - start)) s"

@@ -5,8 +5,8 @@
 #   tito-env-server:latest       env_server/Dockerfile      (what compose.yaml runs)
 #   tito-sandbox-scientific:latest  sandbox_images/scientific/Dockerfile: the sandbox image plus numpy,
 #                                scipy, sympy, pandas, matplotlib, installed for the image's Python with the
-#                                host's pip into .build/scientific/site (kept; redone when the
-#                                requirements or the Python change)
+#                                host's pip into .build/scientific/site (scripts/scientific_site.sh: kept;
+#                                redone when the requirements or the Python change)
 #
 # Usage: scripts/build_images.sh [sandbox] [server] [scientific] [tasks]   (default: the first three, in that order)
 #        tasks: the example coding tasks' images (scripts/build_task_images.sh)
@@ -28,7 +28,6 @@ BASE=${TITO_BASE_IMAGE:-python:3.12-slim}
 SANDBOX_IMAGE=${TITO_SANDBOX_IMAGE:-tito-sandbox-python:latest}
 SERVER_IMAGE=${TITO_SERVER_IMAGE:-tito-env-server:latest}
 SCIENTIFIC_IMAGE=${TITO_SCIENTIFIC_IMAGE:-tito-sandbox-scientific:latest}
-if [ -x .venv/bin/python ]; then PIP=${TITO_PIP:-.venv/bin/python -m pip}; else PIP=${TITO_PIP:-python3 -m pip}; fi
 
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(sandbox server scientific)
@@ -81,19 +80,8 @@ for t in "${targets[@]}"; do
             docker image inspect "$SANDBOX_IMAGE" >/dev/null 2>&1 || die "$SANDBOX_IMAGE is missing: build it first (scripts/build_images.sh sandbox)"
             pyver=$(docker run --rm --network none --entrypoint python3 "$SANDBOX_IMAGE" -c \
                 'import sys; print("%d.%d" % sys.version_info[:2])') || die "cannot run python3 in $SANDBOX_IMAGE"
-            stamp="python $pyver; $(sha256sum sandbox_images/scientific/requirements.txt | cut -c1-16)"
-            ctx=.build/scientific
-            if [ "$(cat "$ctx/stamp" 2>/dev/null)" != "$stamp" ]; then
-                log "installing the scientific packages for Python $pyver into $ctx/site (host pip, binary wheels)"
-                rm -rf "$ctx" && mkdir -p "$ctx"
-                # --platform: manylinux wheels for the image's glibc (Debian bookworm: 2.36).
-                $PIP install --quiet --disable-pip-version-check --no-warn-conflicts --target "$ctx/site" \
-                    --python-version "$pyver" --implementation cp --only-binary=:all: \
-                    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-                    -r sandbox_images/scientific/requirements.txt || die "pip could not install the scientific packages"
-                rm -rf "$ctx/site/bin"
-                echo "$stamp" >"$ctx/stamp"
-            fi
+            site=$(bash scripts/scientific_site.sh "$pyver") || die "could not install the scientific packages"
+            ctx=$(dirname "$site")
             run_build "$SCIENTIFIC_IMAGE" --build-arg "SANDBOX_IMAGE=$SANDBOX_IMAGE" \
                 -f sandbox_images/scientific/Dockerfile "$ctx"
             ;;

@@ -15,6 +15,12 @@
 #   6. images: tito-sandbox-python:latest, tito-env-server:latest and tito-sandbox-scientific:latest
 #      (scripts/build_images.sh; the last installs numpy/scipy/sympy/pandas/matplotlib with the venv's pip),
 #      then the example coding tasks' images tito-task-<name>:latest (scripts/build_task_images.sh; seconds)
+#   7. bwrap backend (TITO_SANDBOX_BACKEND=bwrap, or TITO_INSTALL_BWRAP=1 beside Docker): bubblewrap (apt-get),
+#      then the same images' root filesystems, without Docker (scripts/build_rootfs.sh: the debootstrap base,
+#      shared with step 5's offline base image, then sandbox, scientific and the example tasks)
+#
+# TITO_SANDBOX_BACKEND=bwrap sets up a machine without Docker: steps 1, 1b and 7 only (no engine, daemon,
+# compose or images); servers there run with sandbox.backend=bwrap (TITO_SANDBOX__BACKEND=bwrap).
 #
 # Env switches (all optional):
 #   TITO_SKIP_VENV=1          skip steps 1, 1b     TITO_SKIP_DOCKER=1        skip steps 2-6
@@ -24,6 +30,9 @@
 #   TITO_SKIP_TASK_IMAGES=1   skip the example coding tasks' images
 #   TITO_SANDBOX_RUNTIME=runsc / TITO_INSTALL_RUNSC=1   also install gVisor (Debian's runsc) and register it
 #                             with dockerd as runtime "runsc" (servers use it with sandbox.runtime=runsc)
+#   TITO_SANDBOX_BACKEND=bwrap  no Docker: bubblewrap and root filesystems only (step 7)
+#   TITO_INSTALL_BWRAP=1      step 7 as well as Docker (scripts/test.sh sets it: the tests run both backends)
+#   TITO_ROOTFS_DIR=...       where root filesystems go (default /var/lib/tito/rootfs as root)
 #   TITO_PYTHON=/path/python  interpreter for the venv (default: first python3.x >= 3.11 on PATH)
 #   TITO_TORCH_SPEC=...       torch requirement installed first (default torch==2.13.0, the CPU wheel; with a
 #                             GPU and vLLM: torch==2.14.0, which vllm 0.33.0 requires)
@@ -321,6 +330,25 @@ build_images() {
     fi
 }
 
+# ----------------------------------------------------------------------------------------- 7. bwrap
+setup_bwrap() {
+    step "bubblewrap (the bwrap backend)"
+    local missing=()
+    command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+    command -v debootstrap >/dev/null 2>&1 || [ -n "${TITO_ROOTFS_FROM_TAR:-}" ] || missing+=(debootstrap)
+    if [ ${#missing[@]} -gt 0 ]; then
+        is_root || die "need ${missing[*]}: install them (as root: apt-get install ${missing[*]}), or unpack bubblewrap's .deb with dpkg -x and put bwrap on PATH"
+        apt_install "${missing[@]}"
+    fi
+    log "$(bwrap --version)"
+    local targets=(base sandbox)
+    if [ "${TITO_SKIP_SCIENTIFIC_IMAGE:-0}" = 1 ]; then log "TITO_SKIP_SCIENTIFIC_IMAGE=1: no scientific root filesystem"
+    else targets+=(scientific); fi
+    if [ "${TITO_SKIP_TASK_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_TASK_IMAGES=1: no task root filesystems"
+    else targets+=(tasks); fi
+    bash scripts/build_rootfs.sh "${targets[@]}"
+}
+
 # ----------------------------------------------------------------------------------------- main
 log "repository: $ROOT"
 if [ "${TITO_SKIP_VENV:-0}" = 1 ]; then log "TITO_SKIP_VENV=1: not touching .venv"; else
@@ -328,8 +356,10 @@ if [ "${TITO_SKIP_VENV:-0}" = 1 ]; then log "TITO_SKIP_VENV=1: not touching .ven
     if [ "${TITO_SKIP_VLLM:-0}" = 1 ]; then log "TITO_SKIP_VLLM=1: not installing vLLM"; else setup_vllm; fi
 fi
 if [ "${TITO_INSTALL_GRPCURL:-0}" = 1 ]; then setup_grpcurl; fi
-if [ "${TITO_SKIP_DOCKER:-0}" = 1 ]; then
-    log "TITO_SKIP_DOCKER=1: no engine, daemon, compose or images (docker tests will be skipped)"
+BACKEND=${TITO_SANDBOX_BACKEND:-docker}
+case "$BACKEND" in docker|bwrap) ;; *) die "TITO_SANDBOX_BACKEND=$BACKEND: docker or bwrap" ;; esac
+if [ "${TITO_SKIP_DOCKER:-0}" = 1 ] || [ "$BACKEND" = bwrap ]; then
+    log "no Docker (TITO_SKIP_DOCKER=1 or TITO_SANDBOX_BACKEND=bwrap): no engine, daemon, compose or images"
 else
     setup_engine
     start_dockerd
@@ -337,5 +367,8 @@ else
     setup_compose
     choose_base_image
     if [ "${TITO_SKIP_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_IMAGES=1: not building images"; else build_images; fi
+fi
+if [ "$BACKEND" = bwrap ] || [ "${TITO_INSTALL_BWRAP:-0}" = 1 ]; then
+    if [ "${TITO_SKIP_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_IMAGES=1: no root filesystems"; else setup_bwrap; fi
 fi
 printf '\n[setup] done in %s s\n' "$((SECONDS - T0))"

@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 # cases then skip).
 export TITO_INSTALL_RUNSC=${TITO_INSTALL_RUNSC:-1}
 if [ "$TITO_INSTALL_RUNSC" = 1 ]; then export TITO_REQUIRE_RUNSC=${TITO_REQUIRE_RUNSC:-1}; fi
+# And bubblewrap with the images' root filesystems: the sandbox, environment and server tests run under both
+# backends (TITO_INSTALL_BWRAP=0 leaves it out; the bwrap cases then skip).
+export TITO_INSTALL_BWRAP=${TITO_INSTALL_BWRAP:-1}
+if [ "$TITO_INSTALL_BWRAP" = 1 ]; then export TITO_REQUIRE_BWRAP=${TITO_REQUIRE_BWRAP:-1}; fi
 if [ "${TITO_SKIP_SETUP:-0}" = 1 ]; then
     echo "[test] TITO_SKIP_SETUP=1: not running scripts/setup.sh"
 else

@@ -2,8 +2,9 @@
 
 In CI (CI=true) or with TITO_REQUIRE_DOCKER=1, a Docker test that skips (daemon down, image or
 compose missing) FAILS instead: a half-finished setup must not turn the real-container tests into a
-green run that tested nothing. The same holds for the real-engine vLLM tests (marker `vllm`) under
-TITO_REQUIRE_VLLM=1, which scripts/test.sh sets. GPU tests still skip without CUDA.
+green run that tested nothing. The same holds for the bubblewrap tests (marker `bwrap`) under
+TITO_REQUIRE_BWRAP=1 and the real-engine vLLM tests (marker `vllm`) under TITO_REQUIRE_VLLM=1, which
+scripts/test.sh sets. GPU tests still skip without CUDA.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import os
 
 import pytest
 
-from tests.harness import docker_available, start_server
+from tests.harness import BACKENDS, bwrap_available, docker_available, start_server
 
 REQUIRE_DOCKER = os.environ.get("TITO_REQUIRE_DOCKER", "1" if os.environ.get("CI") == "true" else "0") == "1"
+REQUIRE_BWRAP = os.environ.get("TITO_REQUIRE_BWRAP", "1" if os.environ.get("CI") == "true" else "0") == "1"
 REQUIRE_VLLM = os.environ.get("TITO_REQUIRE_VLLM", "0") == "1"
 
 
@@ -28,6 +30,9 @@ def pytest_runtest_makereport(item, call):
     if REQUIRE_DOCKER and item.get_closest_marker("docker"):
         report.outcome = "failed"
         report.longrepr = f"Docker test skipped but TITO_REQUIRE_DOCKER/CI requires it to run: {reason}"
+    elif REQUIRE_BWRAP and item.get_closest_marker("bwrap"):
+        report.outcome = "failed"
+        report.longrepr = f"bwrap test skipped but TITO_REQUIRE_BWRAP/CI requires it to run: {reason}"
     elif REQUIRE_VLLM and item.get_closest_marker("vllm"):
         report.outcome = "failed"
         report.longrepr = f"vLLM test skipped but TITO_REQUIRE_VLLM requires it to run (scripts/setup.sh installs vLLM): {reason}"
@@ -38,6 +43,20 @@ def docker_ok() -> None:
     why = docker_available()
     if why:
         pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def bwrap_ok() -> None:
+    why = bwrap_available()
+    if why:
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request) -> str:
+    """The sandbox backend a test runs under (tests.harness.BACKENDS; `only_backend` narrows it)."""
+    request.getfixturevalue("docker_ok" if request.param == "docker" else "bwrap_ok")
+    return request.param
 
 
 @pytest.fixture(scope="module")

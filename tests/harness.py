@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,10 +16,11 @@ from pathlib import Path
 
 import docker
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from env_server.sandbox.config import DEFAULT_IMAGE
-from env_server.sandbox.labels import selector
+from env_server.sandbox.docker.labels import selector
 from tito.v1 import environment_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,8 +46,34 @@ def docker_available() -> str | None:
     return None
 
 
+# The sandbox backends a test runs under, as parameters of the `backend` fixture (tests/conftest.py). Each
+# carries its marker, so that a skip fails under its TITO_REQUIRE_*.
+BACKENDS = [pytest.param("docker", marks=pytest.mark.docker, id="docker"),
+            pytest.param("bwrap", marks=pytest.mark.bwrap, id="bwrap")]
+
+
+def only_backend(*names: str) -> pytest.MarkDecorator:
+    """Runs a test that uses the `backend` fixture under these backends only."""
+    return pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] in names], indirect=True)
+
+
+def bwrap_available(image: str = SANDBOX_IMAGE) -> str | None:
+    """None when bubblewrap and the image's root filesystem are usable, else why not."""
+    from env_server.sandbox.bwrap import rootfs
+
+    if shutil.which("bwrap") is None:
+        return "bwrap not installed: run TITO_SANDBOX_BACKEND=bwrap scripts/setup.sh (or apt-get install bubblewrap)"
+    try:
+        rootfs.load(rootfs.default_rootfs_dir(), image)
+    except Exception as e:  # noqa: BLE001 - BackendUnavailable says what to build
+        return str(e)
+    return None
+
+
 @dataclass(frozen=True)
 class ContainerInfo:
+    """One sandbox as seen from outside the server: a container, or a bwrap sandbox's cgroup with processes."""
+
     id: str
     name: str
     labels: dict[str, str]
@@ -55,6 +84,30 @@ def containers_of(server_name: str, instance: str | None = None) -> list[Contain
     with a server removing them."""
     rows = docker.from_env().api.containers(all=True, filters=selector(server=server_name, instance=instance))
     return [ContainerInfo(r["Id"], r["Names"][0].lstrip("/"), r.get("Labels") or {}) for r in rows]
+
+
+def bwrap_sandboxes_of(server_name: str, instance: str | None = None) -> list[ContainerInfo]:
+    """bwrap sandboxes of a server that have a live process, from the kernel's own record of which cgroup each
+    process is in (/proc/<pid>/cgroup: .../tito-<server>/<instance>/<sandbox>), not from the server."""
+    pattern = re.compile(rf"/tito-{re.escape(server_name)}/([^/\n]+)/([^/\n]+)$", re.M)
+    found: dict[str, ContainerInfo] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            text = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        for inst, session in pattern.findall(text):
+            if instance is None or inst == instance:
+                found[session] = ContainerInfo(session, session, {"tito.server": server_name, "tito.instance": inst,
+                                                                  "tito.session": session})
+    return sorted(found.values(), key=lambda c: c.id)
+
+
+def sandboxes_of(backend: str, server_name: str, instance: str | None = None) -> list[ContainerInfo]:
+    """What a server (`backend` docker or bwrap) has running or left, seen from outside it."""
+    return bwrap_sandboxes_of(server_name, instance) if backend == "bwrap" else containers_of(server_name, instance)
 
 
 @dataclass

@@ -1,35 +1,43 @@
-"""Fixtures for the sandbox tests: real dockerd, real containers, no mocks.
+"""Fixtures for the sandbox tests: real sandboxes, no mocks, under each backend.
 
-Every test session uses its own server_name, so concurrent test runs against the same daemon
-never sweep or count each other's containers.
+`pool`, `sandbox` and `make_sandbox` run a test once per backend (`backend`: docker, a real dockerd and
+containers; bwrap, real bubblewrap sandboxes); `only_backend("docker")` narrows a test to one. `census` sees a
+backend's sandboxes from outside the code under test (dockerd's container list; the kernel's cgroup records).
+
+Every test session uses its own server_name, so concurrent test runs never sweep or count each other's
+sandboxes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import os
+import signal
 import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from env_server.sandbox import PoolConfig, Sandbox, SandboxConfig, SandboxPool
-from env_server.sandbox.labels import selector
-from env_server.sandbox.socket_channel import remove_instance_dirs
+from env_server.sandbox.docker.labels import selector
+from env_server.sandbox.docker.socket_channel import remove_instance_dirs
+from tests.harness import ContainerInfo, sandboxes_of
 
 docker = pytest.importorskip("docker")
 
 SERVER_NAME = f"test-{uuid.uuid4().hex[:8]}"
 
 
-# TITO_TEST_RUNTIME=runsc runs every sandbox test under gVisor (scripts/setup.sh with
+# TITO_TEST_RUNTIME=runsc runs every Docker sandbox test under gVisor (scripts/setup.sh with
 # TITO_INSTALL_RUNSC=1 registers it); the hostile tests run under both runtimes anyway.
 TEST_RUNTIME = os.environ.get("TITO_TEST_RUNTIME", "runc")
 
 
-def fast_config(**overrides: Any) -> SandboxConfig:
+def fast_config(backend: str = "docker", **overrides: Any) -> SandboxConfig:
     """Default hardening, shorter waits so the hostile tests stay quick."""
-    base: dict[str, Any] = dict(exec_timeout_s=10.0, interrupt_grace_s=0.5, kill_grace_s=1.0, runtime=TEST_RUNTIME)
+    base: dict[str, Any] = dict(exec_timeout_s=10.0, interrupt_grace_s=0.5, kill_grace_s=1.0, backend=backend,
+                                runtime=TEST_RUNTIME if backend == "docker" else "runc")
     base.update(overrides)
     return SandboxConfig(**base)
 
@@ -54,10 +62,33 @@ def docker_client(docker_ok: None) -> Any:
     client.close()
 
 
+class Census:
+    """A backend's sandboxes seen from outside the code under test."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+    def of(self, server: str, instance: str | None = None, session: str | None = None) -> list[ContainerInfo]:
+        found = sandboxes_of(self.backend, server, instance)
+        return [c for c in found if session is None or c.labels.get("tito.session") == session]
+
+    def kill_from_outside(self, sb: Sandbox) -> None:
+        """As an operator or the OOM killer would: the container removed, or the sandbox's processes killed."""
+        if self.backend == "docker":
+            docker.from_env().api.remove_container(sb.backend_id, force=True)
+        else:
+            os.kill(sb.handle.process.pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="session")
-async def pool(docker_ok: None) -> AsyncIterator[SandboxPool]:
-    p = SandboxPool(fast_config(), PoolConfig(target_size=2, max_concurrent_creates=2, learn_demand=False),
-                    server_name=SERVER_NAME, instance_id=f"main-{uuid.uuid4().hex[:8]}")
+def census(backend: str) -> Census:
+    return Census(backend)
+
+
+@pytest.fixture(scope="session")
+async def pool(backend: str) -> AsyncIterator[SandboxPool]:
+    p = SandboxPool(fast_config(backend), PoolConfig(target_size=2, max_concurrent_creates=2, learn_demand=False),
+                    server_name=SERVER_NAME, instance_id=f"main-{backend}-{uuid.uuid4().hex[:8]}")
     await p.start()
     assert p.ready, p.reason
     yield p
@@ -73,20 +104,22 @@ async def sandbox(pool: SandboxPool) -> AsyncIterator[Sandbox]:
 
 @pytest.fixture(scope="session")
 def _executor() -> Any:
-    ex = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="test-docker")
+    ex = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="test-sandbox")
     yield ex
     ex.shutdown(wait=True)
 
 
 @pytest.fixture
-async def make_sandbox(docker_client: Any, _executor: Any
-                       ) -> AsyncIterator[Callable[..., Awaitable[Sandbox]]]:
-    """Creates a sandbox with a custom config (outside any pool); destroyed after the test."""
+async def make_sandbox(pool: SandboxPool, _executor: Any) -> AsyncIterator[Callable[..., Awaitable[Sandbox]]]:
+    """Creates a sandbox with a custom config (outside any pool, on the pool's backend); destroyed after the
+    test."""
     made: list[Sandbox] = []
 
     async def make(**overrides: Any) -> Sandbox:
-        sb = await Sandbox.create(docker_client, fast_config(**overrides), server_name=SERVER_NAME,
-                                  instance_id="adhoc", executor=_executor, timeout_s=30)
+        config = fast_config(pool.sandbox_config.backend, **{"image": pool.sandbox_config.image,
+                                                             "runtime": pool.sandbox_config.runtime, **overrides})
+        await asyncio.get_running_loop().run_in_executor(_executor, pool.backend.probe, config.image)
+        sb = await Sandbox.create(pool.backend, config, executor=_executor, timeout_s=30)
         made.append(sb)
         return sb
 

@@ -13,8 +13,6 @@ from env_server.environments.bash_env import BashEnvironment
 from env_server.environments.python_env import PythonEnvironment
 from tito.types import ToolCall
 
-pytestmark = pytest.mark.docker
-
 
 async def _open(pool, cls, **env_args):
     sandbox = await pool.acquire()

@@ -7,9 +7,7 @@ import hashlib
 
 import pytest
 
-from env_server.sandbox.docker_sandbox import SandboxError
-
-pytestmark = pytest.mark.docker
+from env_server.sandbox.errors import SandboxError
 
 
 async def test_write_files_in_batches_replace_and_remove(sandbox):

@@ -1,4 +1,4 @@
-"""Warm pool, labels, hardening flags, sweep, close, concurrency, dead-man switch."""
+"""Warm pool, labels, hardening flags, sweep, close, concurrency, dead-man switch: under each backend."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import textwrap
 import time
 import uuid
 
+import docker
 import pytest
 
 from env_server.sandbox import PoolConfig, SandboxConfig, SandboxPool, SandboxUnavailable
+from env_server.sandbox.docker.labels import LABEL_INSTANCE, LABEL_SERVER, LABEL_SESSION
+from env_server.sandbox.docker.socket_channel import remove_instance_dirs
 from env_server.sandbox.pool import PoolBusy
-from env_server.sandbox.labels import LABEL_INSTANCE, LABEL_SERVER, LABEL_SESSION
-from env_server.sandbox.socket_channel import remove_instance_dirs
+from tests.harness import only_backend
 
-from .conftest import SERVER_NAME, containers_with, fast_config
-
-pytestmark = pytest.mark.docker
+from .conftest import SERVER_NAME, fast_config
 
 
 async def _wait_depth(pool: SandboxPool, depth: int, timeout: float = 30) -> None:
@@ -29,11 +29,12 @@ async def _wait_depth(pool: SandboxPool, depth: int, timeout: float = 30) -> Non
         await asyncio.sleep(0.05)
 
 
-async def test_warm_acquire_is_fast_and_labelled_and_hardened(pool, docker_client):
+@only_backend("docker")
+async def test_warm_acquire_is_fast_and_labelled_and_hardened(pool, docker_client, census):
     await _wait_depth(pool, pool.pool_config.target_size)
     sb = await pool.acquire()  # its latency is a benchmark figure (bench/), not asserted here
     try:
-        info = docker_client.api.inspect_container(sb.container_id)
+        info = docker_client.api.inspect_container(sb.backend_id)
         labels = info["Config"]["Labels"]
         assert labels["tito.managed"] == "1"
         assert labels[LABEL_SERVER] == SERVER_NAME
@@ -53,7 +54,38 @@ async def test_warm_acquire_is_fast_and_labelled_and_hardened(pool, docker_clien
     finally:
         await sb.destroy()
         await sb.destroy()  # idempotent
-    assert containers_with(docker_client, session=sb.session_id) == []
+    assert census.of(SERVER_NAME, session=sb.session_id) == []
+
+
+@only_backend("bwrap")
+async def test_a_bwrap_sandbox_has_its_cgroup_limits_and_filter(pool, census):
+    """Seen from the host: the sandbox's processes sit in their own cgroup with the configured limits (this
+    machine lets root write cgroups), run as the unprivileged host user, under the seccomp filter."""
+    sb = await pool.acquire()
+    try:
+        [seen] = census.of(SERVER_NAME, session=sb.session_id)
+        assert seen.labels["tito.instance"] == pool.instance_id
+        repl = sb.handle._find_repl()  # noqa: SLF001 - the REPL's host pid, to read its status from outside
+        status = dict(line.split(":\t", 1) for line in open(f"/proc/{repl}/status").read().splitlines()
+                      if ":\t" in line)
+        assert status["Seccomp"].strip() == "2" and status["NoNewPrivs"].strip() == "1"
+        assert int(status["CapEff"], 16) == 0
+        assert status["Uid"].split()[0] == ("65534" if os.geteuid() == 0 else str(os.geteuid()))
+        cgroup = sb.handle.cgroup
+        assert cgroup is not None and set(cgroup.dirs) == {"memory", "pids", "cpu"}
+        assert repl in cgroup.pids()
+        v2 = cgroup.version == 2
+        assert int((cgroup.dirs["pids"] / "pids.max").read_text()) == pool.sandbox_config.pids_limit
+        memory = cgroup.dirs["memory"] / ("memory.max" if v2 else "memory.limit_in_bytes")
+        assert int(memory.read_text()) == 512 << 20
+        quota = (cgroup.dirs["cpu"] / "cpu.max").read_text().split()[0] if v2 else \
+            (cgroup.dirs["cpu"] / "cpu.cfs_quota_us").read_text()
+        assert int(quota) == 100_000  # one CPU per 100 ms period
+        assert (await sb.execute("1 + 1")).value == "2"
+    finally:
+        await sb.destroy()
+    assert census.of(SERVER_NAME, session=sb.session_id) == []
+    assert not any(d.exists() for d in cgroup.dirs.values())
 
 
 async def test_pool_refills_in_the_background(pool):
@@ -68,7 +100,7 @@ async def test_pool_refills_in_the_background(pool):
 async def test_concurrent_executes_on_16_sandboxes_see_only_their_own(pool):
     sbs = await asyncio.gather(*(pool.acquire() for _ in range(16)))
     try:
-        assert len({sb.container_id for sb in sbs}) == 16
+        assert len({sb.backend_id for sb in sbs}) == 16
 
         async def work(i: int, sb) -> None:
             await sb.execute(f"mine = {i}")
@@ -81,9 +113,9 @@ async def test_concurrent_executes_on_16_sandboxes_see_only_their_own(pool):
         await asyncio.gather(*(sb.destroy() for sb in sbs))
 
 
-async def test_startup_sweep_removes_a_previous_instance(docker_client):
-    name = f"{SERVER_NAME}-sweep"
-    old = SandboxPool(fast_config(), PoolConfig(target_size=2), server_name=name,
+async def test_startup_sweep_removes_a_previous_instance(backend, census):
+    name = f"{SERVER_NAME}-sweep-{backend}"
+    old = SandboxPool(fast_config(backend), PoolConfig(target_size=2), server_name=name,
                       instance_id="old")
     await old.start()
     await _wait_depth(old, 2)
@@ -91,63 +123,67 @@ async def test_startup_sweep_removes_a_previous_instance(docker_client):
     # Abandon `old` as a crashed server would: stop its refill, never close it.
     old._refill_task.cancel()  # noqa: SLF001
     await asyncio.sleep(0.1)
-    old_ids = {c["Id"] for c in containers_with(docker_client, server=name)}
-    assert handed_out.container_id in old_ids and len(old_ids) >= 2
+    old_ids = {c.id for c in census.of(name)}
+    assert handed_out.backend_id in old_ids and len(old_ids) >= 2
 
-    new = SandboxPool(fast_config(), PoolConfig(target_size=1), server_name=name, instance_id="new")
+    new = SandboxPool(fast_config(backend), PoolConfig(target_size=1), server_name=name, instance_id="new")
     try:
         await new.start()
-        left = {c["Id"] for c in containers_with(docker_client, server=name)}
-        assert not (left & old_ids), "the sweep left containers of the previous instance"
+        left = {c.id for c in census.of(name)}
+        assert not (left & old_ids), "the sweep left sandboxes of the previous instance"
         r = await handed_out.execute("1")
-        assert r.lost  # its container is gone; reported, not raised
+        assert r.lost  # its sandbox is gone; reported, not raised
         await _wait_depth(new, 1)
     finally:
         await new.close()
         await old.close()
-    assert containers_with(docker_client, server=name) == []
+    assert census.of(name) == []
 
 
-async def test_close_removes_everything_of_the_instance(docker_client):
-    name = f"{SERVER_NAME}-close"
-    p = SandboxPool(fast_config(), PoolConfig(target_size=2), server_name=name,
+async def test_close_removes_everything_of_the_instance(backend, census):
+    name = f"{SERVER_NAME}-close-{backend}"
+    p = SandboxPool(fast_config(backend), PoolConfig(target_size=2), server_name=name,
                     instance_id=uuid.uuid4().hex[:8])
     await p.start()
     held = await p.acquire()
     await _wait_depth(p, 1)
-    assert len(containers_with(docker_client, server=name)) >= 2
+    assert len(census.of(name)) >= 2
     await p.close()
-    assert containers_with(docker_client, server=name) == []
+    assert census.of(name) == []
     assert not held.alive or (await held.execute("1")).lost
     with pytest.raises(SandboxUnavailable):
         await p.acquire()
 
 
-async def test_missing_image_is_not_ready_with_a_clear_message():
-    p = SandboxPool(fast_config(image="tito-sandbox-python:no-such-tag"), PoolConfig(target_size=1),
+async def test_missing_image_is_not_ready_with_a_clear_message(backend):
+    p = SandboxPool(fast_config(backend, image="tito-sandbox-python:no-such-tag"), PoolConfig(target_size=1),
                     server_name=f"{SERVER_NAME}-noimg", instance_id="x")
     await p.start()
+    hint = "docker build" if backend == "docker" else "scripts/build_rootfs.sh"
     try:
-        assert not p.ready
-        assert "not found" in p.reason and "docker build" in p.reason
-        with pytest.raises(SandboxUnavailable, match="docker build"):
+        assert not p.ready and p.missing_image
+        assert ("not found" if backend == "docker" else "no root filesystem") in p.reason and hint in p.reason
+        with pytest.raises(SandboxUnavailable, match=hint):
             await p.acquire()
     finally:
         await p.close()
 
 
-def test_dead_server_leaves_no_running_sandbox(docker_client, docker_ok):
-    """Dead-man switch: SIGKILL the process holding the attach; the REPL sees EOF and exits."""
-    name = f"{SERVER_NAME}-deadman"
+def test_dead_server_leaves_no_running_sandbox(backend, census):
+    """Dead-man switch: SIGKILL the process holding the sandbox's stdio; the sandbox ends too (docker: the REPL
+    sees EOF and exits; bwrap: that, and bwrap's parent-death signal)."""
+    name = f"{SERVER_NAME}-deadman-{backend}"
     script = textwrap.dedent(f"""
-        import asyncio, concurrent.futures, os, signal, docker
-        from env_server.sandbox import Sandbox, SandboxConfig
+        import asyncio, concurrent.futures, os, signal
+        from env_server.sandbox import Sandbox, make_backend
+        from tests.sandbox.conftest import fast_config
         async def main():
-            sb = await Sandbox.create(docker.from_env(), SandboxConfig(), server_name={name!r},
-                                      instance_id="doomed",
-                                      executor=concurrent.futures.ThreadPoolExecutor(2))
+            config = fast_config({backend!r})
+            backend = make_backend(config, server_name={name!r}, instance_id="doomed")
+            backend.probe(config.image)
+            sb = await Sandbox.create(backend, config, executor=concurrent.futures.ThreadPoolExecutor(2))
             assert (await sb.execute("1")).value == "1"
-            print(sb.container_id, flush=True)
+            print(sb.backend_id, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         asyncio.run(main())
     """)
@@ -155,24 +191,35 @@ def test_dead_server_leaves_no_running_sandbox(docker_client, docker_ok):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60, cwd=root)
     assert proc.returncode == -9, proc.stderr
-    cid = proc.stdout.strip()
+    sandbox_id = proc.stdout.strip()
     try:
         deadline = time.monotonic() + 10
-        while docker_client.api.inspect_container(cid)["State"]["Running"]:
+        while True:
+            if backend == "docker":
+                running = docker.from_env().api.inspect_container(sandbox_id)["State"]["Running"]
+            else:
+                running = any(c.id == sandbox_id for c in census.of(name))
+            if not running:
+                break
             assert time.monotonic() < deadline, "sandbox still running after its server died"
             time.sleep(0.1)
     finally:
-        docker_client.api.remove_container(cid, force=True)
-        remove_instance_dirs(SandboxConfig().socket_dir, name)
+        if backend == "docker":
+            docker.from_env().api.remove_container(sandbox_id, force=True)
+            remove_instance_dirs(SandboxConfig().socket_dir, name)
+        else:  # the cgroup folders a killed server leaves: the next start's sweep would remove them
+            from env_server.sandbox import make_backend
+
+            make_backend(fast_config(backend), server_name=name, instance_id="cleanup").sweep()
 
 
-async def test_opens_beyond_the_start_slots_queue_in_order_and_time_out_with_a_retry_hint(docker_client):
+async def test_opens_beyond_the_start_slots_queue_in_order_and_time_out_with_a_retry_hint(backend, census):
     """One start slot: a second open waits for it (its own start is not timed while it waits); with a
     short admission wait, a third gets PoolBusy naming the setting and saying to retry."""
     name = f"test-{uuid.uuid4().hex[:8]}"
     cfg = PoolConfig(target_size=0, learn_demand=False, max_concurrent_starts=1, admission_timeout_s=60,
                      create_timeout_s=20)
-    p = SandboxPool(fast_config(), cfg, server_name=name, instance_id="adm")
+    p = SandboxPool(fast_config(backend), cfg, server_name=name, instance_id="adm")
     await p.start()
     try:
         t0 = time.monotonic()
@@ -195,17 +242,17 @@ async def test_opens_beyond_the_start_slots_queue_in_order_and_time_out_with_a_r
         await sb.destroy()
     finally:
         await p.close()
-    assert containers_with(docker_client, server=name) == []
+    assert census.of(name) == []
 
 
-async def test_a_warm_sandbox_that_dies_while_waiting_is_replaced(docker_client):
+async def test_a_warm_sandbox_that_dies_while_waiting_is_replaced(backend, census):
     name = f"test-{uuid.uuid4().hex[:8]}"
-    p = SandboxPool(fast_config(), PoolConfig(target_size=1), server_name=name, instance_id="dead-idle")
+    p = SandboxPool(fast_config(backend), PoolConfig(target_size=1), server_name=name, instance_id="dead-idle")
     await p.start()
     try:
         await _wait_depth(p, 1)
         [first] = list(p._idle)  # noqa: SLF001 - the test looks at the pool's warm sandbox
-        docker_client.api.remove_container(first.container_id, force=True)  # killed from outside
+        census.kill_from_outside(first)
         deadline = time.monotonic() + 30
         while not (p.depth == 1 and first not in p._idle):  # noqa: SLF001
             assert time.monotonic() < deadline, "the dead warm sandbox was not replaced"
@@ -215,4 +262,4 @@ async def test_a_warm_sandbox_that_dies_while_waiting_is_replaced(docker_client)
         await sb.destroy()
     finally:
         await p.close()
-    assert containers_with(docker_client, server=name) == []
+    assert census.of(name) == []

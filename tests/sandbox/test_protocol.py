@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from env_server.sandbox.docker_sandbox import Sandbox
+from env_server.sandbox.sandbox import Sandbox
 from env_server.sandbox.runtime import repl_protocol as protocol
 
 

@@ -6,8 +6,6 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.docker
-
 
 async def test_state_persists_variables_imports_files(sandbox):
     r = await sandbox.execute("import math\nx = 41\ndef f(a):\n    return a + 1\n"

@@ -27,6 +27,10 @@ the unix socket when the REPL could reach it ("socket"), else over the same stdi
                                 FilesRead | EditReply | Pong | ErrorReply(id, error)
 
 A request names its operation in `op`; a request without one is an exec (the first protocol's form).
+
+Before anything else runs, the REPL sets on itself the resource limits $TITO_RLIMITS names ("nproc=64,
+nofile=1024,..."; soft and hard alike, so code cannot raise them): the bwrap backend's rlimits. They are set
+from inside because RLIMIT_NPROC counts per user namespace: set outside, it would count every sandbox at once.
 """
 
 import json
@@ -45,6 +49,9 @@ SANDBOX_SOCKET_PATH = SANDBOX_SOCKET_DIR + "/repl.sock"
 TASK_REPO_DIR = "/opt/tito-task/repo"
 ENV_SOCKET = "TITO_REPL_SOCKET"
 ENV_TOKEN = "TITO_REPL_TOKEN"
+ENV_RLIMITS = "TITO_RLIMITS"
+RLIMITS = ("nproc", "nofile", "fsize", "core", "as")  # resource.RLIMIT_<NAME upper>
+EXIT_RLIMITS_FAILED = 71  # the REPL could not set a limit it was given: it refuses to run without it
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 DEFAULT_CAP = 65536  # bytes of stdout/stderr, characters of value/traceback, per call
 
@@ -342,3 +349,21 @@ def parse_request(obj: Dict[str, Any]) -> Request:
     if cls is None:
         raise ValueError("unknown operation %r" % (obj.get("op"),))
     return _build(cls, obj)
+
+
+def encode_rlimits(limits: Dict[str, int]) -> str:
+    """{"nproc": 64, ...} -> "nproc=64,..." (names from RLIMITS)."""
+    unknown = set(limits) - set(RLIMITS)
+    if unknown:
+        raise ValueError("unknown rlimit(s) %s" % ", ".join(sorted(unknown)))
+    return ",".join("%s=%d" % (name, int(limits[name])) for name in RLIMITS if name in limits)
+
+
+def decode_rlimits(text: str) -> Dict[str, int]:
+    limits = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in RLIMITS or not value.isdigit():
+            raise ValueError("bad rlimit %r in %r" % (item, text))
+        limits[name] = int(value)
+    return limits

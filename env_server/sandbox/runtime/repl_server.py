@@ -409,5 +409,22 @@ class Repl:
             self.send(reply)
 
 
+def apply_rlimits():
+    """Sets the limits $TITO_RLIMITS names (see repl_protocol), before any thread or user code exists. A limit
+    that cannot be set ends the REPL: a sandbox never runs without a limit it was given."""
+    text = os.environ.pop(protocol.ENV_RLIMITS, "")
+    if not text:
+        return
+    import resource
+
+    try:
+        for name, value in protocol.decode_rlimits(text).items():
+            resource.setrlimit(getattr(resource, "RLIMIT_" + name.upper()), (value, value))
+    except (ValueError, OSError) as exc:
+        os.write(2, ("tito REPL: cannot set rlimits %r: %s\n" % (text, exc)).encode())
+        os._exit(protocol.EXIT_RLIMITS_FAILED)
+
+
 if __name__ == "__main__":
+    apply_rlimits()
     Repl().serve()
