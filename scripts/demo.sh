@@ -4,6 +4,7 @@
 #   ./scripts/demo.sh            # environment via `docker compose up -d --wait`, left running afterwards
 #   ./scripts/demo.sh --down     # ... and `docker compose down` at the end
 #   ./scripts/demo.sh --local    # server as a local process (.venv/bin/python -m env_server), stopped at the end
+#   TITO_SANDBOX_BACKEND=bwrap ./scripts/demo.sh   # no Docker at all: bubblewrap sandboxes, a local server
 #
 # Main job: `python -m trainer --config examples/demo.yaml --output-dir runs/demo` once the trainer
 # exists (trainer/__main__.py and examples/demo.yaml), else examples/scripted_session.py (a scripted
@@ -13,7 +14,7 @@
 # it on 127.0.0.1:${TITO_PORT:-50051}; stop it with `docker compose down` or pass --down. Re-running the
 # demo reuses it (compose recreates it only when the image or config changed). The --local server is
 # always stopped when the demo ends. Compose is used when `docker compose` works, else --local.
-# Env: TITO_PORT (50051), TITO_METRICS_PORT (9464), TITO_DEMO_MODE=compose|local,
+# Env: TITO_PORT (50051), TITO_METRICS_PORT (9464), TITO_DEMO_MODE=compose|local, TITO_SANDBOX_BACKEND=docker|bwrap,
 #      TITO_DEMO_JOB=scripted (run the scripted client session even when the trainer is there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ for a in "$@"; do
         --down) DOWN=1 ;;
         --local) MODE=local ;;
         --compose) MODE=compose ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "[demo] unknown argument '$a' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -35,6 +36,11 @@ die() { printf '[demo] ERROR: %s\n' "$*" >&2; exit 1; }
 PORT=${TITO_PORT:-50051}
 TARGET=127.0.0.1:$PORT
 mkdir -p runs/demo
+if [ "${TITO_SANDBOX_BACKEND:-docker}" = bwrap ]; then
+    # setup.sh reads TITO_SANDBOX_BACKEND; the server reads its config's name for it.
+    export TITO_SANDBOX_BACKEND TITO_SANDBOX__BACKEND=bwrap
+    MODE=local
+fi
 
 if [ "$MODE" = local ]; then
     TITO_SKIP_SERVER_IMAGE=1 bash scripts/setup.sh
@@ -75,7 +81,7 @@ else
     if serving; then
         die "something already serves on $TARGET (a compose server? stop it with 'docker compose down', or set TITO_PORT)"
     fi
-    log "starting .venv/bin/python -m env_server --port $PORT --server-name demo (log: runs/demo/env_server.log)"
+    log "starting .venv/bin/python -m env_server --port $PORT --server-name demo, ${TITO_SANDBOX__BACKEND:-docker} sandboxes (log: runs/demo/env_server.log)"
     .venv/bin/python -m env_server --port "$PORT" --server-name demo >runs/demo/env_server.log 2>&1 &
     SERVER_PID=$!
     trap stop_local EXIT

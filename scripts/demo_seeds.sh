@@ -22,6 +22,8 @@ SEEDS=("$@")
 PORT=${TITO_PORT:-50051}
 TARGET=127.0.0.1:$PORT
 log() { printf '[demo_seeds] %s\n' "$*"; }
+# TITO_SANDBOX_BACKEND=bwrap: the local server runs bubblewrap sandboxes (no Docker).
+if [ "${TITO_SANDBOX_BACKEND:-docker}" = bwrap ]; then export TITO_SANDBOX__BACKEND=bwrap; fi
 
 serving() { .venv/bin/python -m env_server.healthcheck "$TARGET" >/dev/null 2>&1; }
 SERVER_PID=

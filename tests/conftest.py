@@ -59,14 +59,25 @@ def backend(request) -> str:
     return request.param
 
 
+def _example_server(tmp, backend: str):
+    config = tmp / "server.yaml"
+    config.write_text("environments: ['guess_number:GuessNumberEnvironment']\nsandbox:\n  exec_timeout_s: 5\n")
+    return start_server(tmp, args=["--config", str(config)], backend=backend)
+
+
 @pytest.fixture(scope="module")
 def server(docker_ok, tmp_path_factory):
     """A real env server subprocess (one per test module), with the example guess_number environment
     loaded through a config file, as a user would."""
-    tmp = tmp_path_factory.mktemp("server")
-    config = tmp / "server.yaml"
-    config.write_text("environments: ['guess_number:GuessNumberEnvironment']\nsandbox:\n  exec_timeout_s: 5\n")
-    srv = start_server(tmp, args=["--config", str(config)])
+    srv = _example_server(tmp_path_factory.mktemp("server"), "docker")
+    yield srv
+    srv.terminate()
+
+
+@pytest.fixture(scope="module")
+def backend_server(backend, tmp_path_factory):
+    """The same, once per sandbox backend: a module whose tests differ by backend makes it its `server`."""
+    srv = _example_server(tmp_path_factory.mktemp(f"server-{backend}"), backend)
     yield srv
     srv.terminate()
 

@@ -86,23 +86,29 @@ def containers_of(server_name: str, instance: str | None = None) -> list[Contain
     return [ContainerInfo(r["Id"], r["Names"][0].lstrip("/"), r.get("Labels") or {}) for r in rows]
 
 
-def bwrap_sandboxes_of(server_name: str, instance: str | None = None) -> list[ContainerInfo]:
-    """bwrap sandboxes of a server that have a live process, from the kernel's own record of which cgroup each
-    process is in (/proc/<pid>/cgroup: .../tito-<server>/<instance>/<sandbox>), not from the server."""
-    pattern = re.compile(rf"/tito-{re.escape(server_name)}/([^/\n]+)/([^/\n]+)$", re.M)
-    found: dict[str, ContainerInfo] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            text = (proc / "cgroup").read_text()
-        except OSError:
-            continue
-        for inst, session in pattern.findall(text):
-            if instance is None or inst == instance:
-                found[session] = ContainerInfo(session, session, {"tito.server": server_name, "tito.instance": inst,
-                                                                  "tito.session": session})
-    return sorted(found.values(), key=lambda c: c.id)
+def bwrap_sandboxes_of(server_name: str, instance: str | None = None, *, running_only: bool = False
+                       ) -> list[ContainerInfo]:
+    """bwrap sandboxes of a server, seen from the kernel rather than the server: their cgroup folders
+    (.../tito-<server>/<instance>/<sandbox>, in any state, like Docker's list of containers), or with
+    `running_only` those that hold a live process (from /proc/<pid>/cgroup)."""
+    found: dict[str, str] = {}
+    if running_only:
+        pattern = re.compile(rf"/tito-{re.escape(server_name)}/([^/\n]+)/([^/\n]+)$", re.M)
+        for proc in Path("/proc").iterdir():
+            try:
+                text = (proc / "cgroup").read_text() if proc.name.isdigit() else ""
+            except OSError:
+                continue
+            found.update({session: inst for inst, session in pattern.findall(text)})
+    else:
+        folder = f"tito-{server_name}"
+        for root, dirs, _ in os.walk("/sys/fs/cgroup"):
+            if folder in dirs:
+                dirs.remove(folder)
+                for inst in (Path(root) / folder).iterdir():
+                    found.update({p.name: inst.name for p in inst.iterdir() if p.is_dir()} if inst.is_dir() else {})
+    return [ContainerInfo(session, session, {"tito.server": server_name, "tito.instance": inst, "tito.session": session})
+            for session, inst in sorted(found.items()) if instance is None or inst == instance]
 
 
 def sandboxes_of(backend: str, server_name: str, instance: str | None = None) -> list[ContainerInfo]:
@@ -178,8 +184,11 @@ def start_server(
     credentials: grpc.ChannelCredentials | None = None,
     channel_options: list[tuple[str, str]] | None = None,
     port: int | None = None,
+    backend: str = "docker",
+    user: int | None = None,
 ) -> ServerProcess:
-    """`port`: listen there (a restarted replica on its old address), else on a free port."""
+    """`port`: listen there (a restarted replica on its old address), else on a free port. `backend`: where its
+    sandboxes run (sandbox.backend). `user`: run the server as this uid (and gid), no supplementary groups."""
     port, metrics_port = port or free_port(), free_port()
     server_name = server_name or f"test-{uuid.uuid4().hex[:8]}"
     log_path = tmp_dir / f"server-{server_name}-{port}.log"
@@ -195,6 +204,7 @@ def start_server(
         # No warm pool for the other images (python_scientific starts its sandboxes on demand): the warm
         # containers a test counts are the 2 above.
         "TITO_POOL__OTHER_IMAGES_TARGET_SIZE": "0",
+        "TITO_SANDBOX__BACKEND": backend,
         **(env or {}),
     }
     cmd = [
@@ -203,7 +213,8 @@ def start_server(
         *(args or []),
     ]
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=log_file, stderr=subprocess.STDOUT)
+        as_user = {} if user is None else {"user": user, "group": user, "extra_groups": []}
+        proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=log_file, stderr=subprocess.STDOUT, **as_user)
     server = ServerProcess(port, server_name, proc, metrics_port, log_path, credentials, channel_options or [])
     if wait:
         server.wait_serving()

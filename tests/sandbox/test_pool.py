@@ -17,7 +17,7 @@ from env_server.sandbox import PoolConfig, SandboxConfig, SandboxPool, SandboxUn
 from env_server.sandbox.docker.labels import LABEL_INSTANCE, LABEL_SERVER, LABEL_SESSION
 from env_server.sandbox.docker.socket_channel import remove_instance_dirs
 from env_server.sandbox.pool import PoolBusy
-from tests.harness import only_backend
+from tests.harness import bwrap_sandboxes_of, only_backend
 
 from .conftest import SERVER_NAME, fast_config
 
@@ -198,7 +198,7 @@ def test_dead_server_leaves_no_running_sandbox(backend, census):
             if backend == "docker":
                 running = docker.from_env().api.inspect_container(sandbox_id)["State"]["Running"]
             else:
-                running = any(c.id == sandbox_id for c in census.of(name))
+                running = any(c.id == sandbox_id for c in bwrap_sandboxes_of(name, running_only=True))
             if not running:
                 break
             assert time.monotonic() < deadline, "sandbox still running after its server died"

@@ -1,5 +1,6 @@
 """The built-in environments through a real server: python_scientific runs numpy, scipy, sympy, pandas and
-matplotlib in its own image (its own warm pool), bash keeps its shell, and seeded files reach all three."""
+matplotlib in its own image (its own warm pool), bash keeps its shell, and seeded files reach all three; under
+each sandbox backend."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import pytest
 from tito.client import InvalidArgumentError, StepStatus, TitoClient
 from tito.types import ToolCall
 
-pytestmark = pytest.mark.docker
-
 FILES = {"data/values.csv": "x,y\n1,2\n3,4\n"}
 
 
 def _call(tool: str, **args) -> list[ToolCall]:
     return [ToolCall("c", tool, json.dumps(args))]
+
+
+@pytest.fixture(scope="module")
+def server(backend_server):
+    return backend_server
 
 
 def test_environments_listed_with_their_tools(server):
@@ -59,15 +63,17 @@ def test_bash_through_the_server_keeps_its_shell_and_sees_seeded_files(server):
             client.open_session("bash", env_args={"files": {"../x": ""}})
 
 
-def test_a_missing_image_fails_only_its_environment(docker_ok, tmp_path):
+def test_a_missing_image_fails_only_its_environment(backend, tmp_path):
     from tests.harness import start_server
     from tito.client import UnavailableError
 
-    srv = start_server(tmp_path, env={"TITO_ENVIRONMENT_IMAGES": json.dumps({"python_scientific": "tito-sandbox-python:no-such-tag"})})
+    srv = start_server(tmp_path, backend=backend,
+                       env={"TITO_ENVIRONMENT_IMAGES": json.dumps({"python_scientific": "tito-sandbox-python:no-such-tag"})})
+    missing = "not found" if backend == "docker" else "no root filesystem for image 'tito-sandbox-python:no-such-tag'"
     try:
         with TitoClient(srv.address, retries=0) as client:
             client.wait_ready()  # SERVING: the main image is there
-            with pytest.raises(UnavailableError, match="python_scientific.*'tito-sandbox-python:no-such-tag' not found"):
+            with pytest.raises(UnavailableError, match=f"python_scientific.*{missing}"):
                 client.open_session("python_scientific")
             with client.open_session("python") as s:
                 assert s.step(tool_calls=_call("run_python", code="1 + 1")).tool_messages[0].content == "Out: 2"

@@ -1,6 +1,6 @@
 """The `coding` environment and task images through a real server: the example tasks reward their fix and
 nothing less, hidden tests cannot be found from the model's sandbox, task images are allowed by config only,
-and a task image's pool is warm after the first burst of opens."""
+and a task image's pool is warm after the first burst of opens; under each sandbox backend."""
 
 from __future__ import annotations
 
@@ -15,28 +15,35 @@ import uuid
 import docker
 import pytest
 
-from tests.harness import REPO, start_server
+from tests.harness import REPO, bwrap_available, start_server
 from tito.client import FailedPreconditionError, InvalidArgumentError, StepStatus, TitoClient
 from tito.coding_tasks import load_task, load_tasks
 from tito.types import ToolCall
-
-pytestmark = pytest.mark.docker
 
 TASKS = REPO / "examples" / "coding_tasks"
 ROMAN = load_task(TASKS / "roman")
 
 
 @pytest.fixture(scope="module")
-def task_images(docker_ok):
-    client = docker.from_env()
-    try:
-        for task in load_tasks(TASKS):
-            try:
-                client.images.get(task.image)
-            except docker.errors.ImageNotFound:
-                pytest.skip(f"task image {task.image} missing: run scripts/build_task_images.sh (setup does)")
-    finally:
-        client.close()
+def server(backend_server):
+    return backend_server
+
+
+@pytest.fixture(scope="module")
+def task_images(backend):
+    for task in load_tasks(TASKS):
+        if backend == "bwrap":
+            why = bwrap_available(task.image)
+            if why:
+                pytest.skip(f"task root filesystem missing: {why}")
+            continue
+        client = docker.from_env()
+        try:
+            client.images.get(task.image)
+        except docker.errors.ImageNotFound:
+            pytest.skip(f"task image {task.image} missing: run scripts/build_task_images.sh (setup does)")
+        finally:
+            client.close()
 
 
 def _run_scripted():
@@ -113,7 +120,7 @@ def test_a_model_searching_everywhere_never_finds_the_hidden_tests(server, task_
         assert "tests failed" in end.detail and "added: search.py" in end.detail
 
 
-def test_task_images_are_allowed_by_config_only(server, task_images):
+def test_task_images_are_allowed_by_config_only(server, task_images, backend):
     with TitoClient(server.address, retries=0) as client:
         with pytest.raises(InvalidArgumentError, match=r"env_args image 'busybox:latest' is not allowed on this server: "
                                                        r"the setting task_images \(TITO_TASK_IMAGES\) allows 'tito-task-\*'"):
@@ -123,8 +130,10 @@ def test_task_images_are_allowed_by_config_only(server, task_images):
             r = s.step(tool_calls=[ToolCall("", "run_python", json.dumps(
                 {"code": "import os\nsorted(os.listdir('/opt/tito-task/repo')), os.getuid()"}))])
             assert r.tool_messages[0].content == "Out: (['README.md', 'roman', 'tests'], 1000)"
-            with pytest.raises(FailedPreconditionError, match=r"the task image 'tito-task-no-such:x' is not on this "
-                                                              r"server's Docker daemon; .*scripts/build_task_images.sh"):
+            missing = ("is not on this server's Docker daemon" if backend == "docker"
+                       else r"has no root filesystem on this server \(in /\S+\)")
+            with pytest.raises(FailedPreconditionError, match=rf"the task image 'tito-task-no-such:x' {missing}; "
+                                                              r".*scripts/build_task_images.sh"):
                 client.open_session("coding", env_args={"image": "tito-task-no-such:x"})
             # The missing image's pool went away without touching the instance's other sandboxes.
             r = s.step(tool_calls=[ToolCall("", "run_python", json.dumps({"code": "'still here'"}))])
@@ -140,8 +149,8 @@ def _pool_figures(port: int, image: str) -> dict[str, float]:
     return figures
 
 
-def test_a_task_image_is_warm_after_the_first_burst(docker_ok, task_images, tmp_path):
-    srv = start_server(tmp_path, env={"TITO_POOL__LEARN_DEMAND": "true", "TITO_POOL__TARGET_SIZE": "1"})
+def test_a_task_image_is_warm_after_the_first_burst(backend, task_images, tmp_path):
+    srv = start_server(tmp_path, backend=backend, env={"TITO_POOL__LEARN_DEMAND": "true", "TITO_POOL__TARGET_SIZE": "1"})
     image, burst = load_task(TASKS / "intervals").image, 3
     try:
         with TitoClient(srv.address) as client:
@@ -174,7 +183,7 @@ def test_a_task_image_is_warm_after_the_first_burst(docker_ok, task_images, tmp_
             open_burst(warm)
             after = _pool_figures(srv.metrics_port, image)
             assert after["created"] >= 2 * burst and after["in_use"] == 0
-            # The second burst took warm sandboxes: no open waited for a container start.
+            # The second burst took warm sandboxes: no open waited for a sandbox start.
             assert max(warm) < min(cold), (warm, cold)
     finally:
         srv.terminate()

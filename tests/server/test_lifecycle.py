@@ -1,8 +1,10 @@
-"""Leases, crash recovery, plug-in loading, health, reflection and metrics of a real server."""
+"""Leases, crash recovery, plug-in loading, health, reflection and metrics of a real server, under each sandbox
+backend (what a server leaves behind is seen from outside it: dockerd's containers, the kernel's cgroups)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,11 +18,14 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tests.harness import REPO, SANDBOX_IMAGE, containers_of, start_server
+from tests.harness import REPO, SANDBOX_IMAGE, sandboxes_of, start_server
 from tests.sessions import open_session, run, wait_until
 from tito.v1 import environment_pb2 as pb
 
-pytestmark = pytest.mark.docker
+
+@pytest.fixture(scope="module")
+def server(backend_server):
+    return backend_server
 
 
 def test_health_and_reflection(server):
@@ -60,7 +65,7 @@ def test_custom_environment_loaded_through_config(stub):
     assert stub.CloseSession(pb.CloseSessionRequest(session_id=sid)).closed
 
 
-def test_metrics_endpoint(server, stub):
+def test_metrics_endpoint(server, stub, backend):
     sid = stub.OpenSession(pb.OpenSessionRequest(environment="python")).session_id
     call = pb.ToolCall(id="1", name="run_python", arguments='{"code": "1"}')
     stub.Step(pb.StepRequest(session_id=sid, seq=1, tool_calls=[call]))
@@ -75,6 +80,10 @@ def test_metrics_endpoint(server, stub):
                  "tito_pool_created_total", "tito_pool_failed_total", "tito_pool_busy_total"):
         assert re.search(rf"^{name}{{{image}}} \d", text, re.M), name
     assert float(re.search(rf"^tito_pool_created_total{{{image}}} (\S+)$", text, re.M).group(1)) >= 1
+    if backend == "bwrap":  # the memory its sandboxes' cgroups hold (this machine lets root write cgroups)
+        found = re.search(rf'^tito_sandbox_memory_bytes{{backend="bwrap",{image}}} (\S+)$', text, re.M)
+        assert found and float(found.group(1)) > 1 << 20, text[-2000:]
+        assert "tito_sandbox_limit_fallback{" not in text  # every limit enforced: none falls back
 
 
 def test_sessions_are_isolated_and_hostile_code_is_contained(stub):
@@ -103,24 +112,25 @@ def test_sessions_are_isolated_and_hostile_code_is_contained(stub):
         stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
 
 
-def test_idle_ttl_reclaims_abandoned_sessions(docker_ok, tmp_path):
-    srv = start_server(tmp_path, env={"TITO_IDLE_TTL_S": "2", "TITO_POOL__TARGET_SIZE": "1"})
+def test_idle_ttl_reclaims_abandoned_sessions(backend, tmp_path):
+    srv = start_server(tmp_path, backend=backend, env={"TITO_IDLE_TTL_S": "2", "TITO_POOL__TARGET_SIZE": "1"})
     try:
         stub = srv.stub()
         sid = stub.OpenSession(pb.OpenSessionRequest(environment="python")).session_id
-        assert any(c.labels.get("tito.session") == sid for c in containers_of(srv.server_name))
-        wait_until(lambda: not any(c.labels.get("tito.session") == sid for c in containers_of(srv.server_name)),
-                   10, "the idle session's container to go")
+        assert any(c.labels.get("tito.session") == sid for c in sandboxes_of(backend, srv.server_name))
+        wait_until(lambda: not any(c.labels.get("tito.session") == sid
+                                   for c in sandboxes_of(backend, srv.server_name)), 10,
+                   "the idle session's sandbox to go")
         with pytest.raises(grpc.RpcError) as info:
             stub.Step(pb.StepRequest(session_id=sid, seq=1))
         assert info.value.code() == grpc.StatusCode.NOT_FOUND and "idle TTL expired" in info.value.details()
     finally:
         srv.terminate()
-    assert containers_of(srv.server_name) == []
+    assert sandboxes_of(backend, srv.server_name) == []
 
 
-def test_sigkilled_client_leaves_nothing_past_idle_ttl(docker_ok, tmp_path):
-    srv = start_server(tmp_path, env={"TITO_IDLE_TTL_S": "3", "TITO_POOL__TARGET_SIZE": "1"})
+def test_sigkilled_client_leaves_nothing_past_idle_ttl(backend, tmp_path):
+    srv = start_server(tmp_path, backend=backend, env={"TITO_IDLE_TTL_S": "3", "TITO_POOL__TARGET_SIZE": "1"})
     try:
         client = textwrap.dedent(f"""
             import grpc, sys, time
@@ -134,50 +144,52 @@ def test_sigkilled_client_leaves_nothing_past_idle_ttl(docker_ok, tmp_path):
         """)
         proc = subprocess.Popen([sys.executable, "-c", client], cwd=REPO, stdout=subprocess.PIPE, text=True)
         sid = proc.stdout.readline().strip()
-        assert any(c.labels.get("tito.session") == sid for c in containers_of(srv.server_name))
+        assert any(c.labels.get("tito.session") == sid for c in sandboxes_of(backend, srv.server_name))
         proc.kill()
         proc.wait()
-        wait_until(lambda: not any(c.labels.get("tito.session") == sid for c in containers_of(srv.server_name)),
-                   3 + 5, "the dead client's container to go")
+        wait_until(lambda: not any(c.labels.get("tito.session") == sid
+                                   for c in sandboxes_of(backend, srv.server_name)), 3 + 5,
+                   "the dead client's sandbox to go")
     finally:
         srv.terminate()
 
 
-def test_sigkilled_server_is_swept_on_restart(docker_ok, tmp_path):
-    first = start_server(tmp_path)
+def test_sigkilled_server_is_swept_on_restart(backend, tmp_path):
+    first = start_server(tmp_path, backend=backend)
     stub = first.stub()
     for _ in range(2):
         stub.OpenSession(pb.OpenSessionRequest(environment="python"))
-    old = containers_of(first.server_name)
+    old = sandboxes_of(backend, first.server_name)
     assert len(old) >= 2
     old_instances = {c.labels["tito.instance"] for c in old}
     first.kill()  # SIGKILL: no cleanup runs
-    second = start_server(tmp_path, server_name=first.server_name)
+    second = start_server(tmp_path, backend=backend, server_name=first.server_name)
     try:
-        left = [c for c in containers_of(first.server_name) if c.labels["tito.instance"] in old_instances]
+        left = [c for c in sandboxes_of(backend, first.server_name) if c.labels["tito.instance"] in old_instances]
         assert left == [], [c.name for c in left]
     finally:
         second.terminate()
-    assert containers_of(first.server_name) == []
+    assert sandboxes_of(backend, first.server_name) == []
 
 
-def test_sweep_command_removes_what_a_killed_server_left(docker_ok, tmp_path):
-    killed = start_server(tmp_path)
+def test_sweep_command_removes_what_a_killed_server_left(backend, tmp_path):
+    killed = start_server(tmp_path, backend=backend)
     killed.stub().OpenSession(pb.OpenSessionRequest(environment="python"))
-    assert containers_of(killed.server_name)
+    assert sandboxes_of(backend, killed.server_name)
     killed.kill()  # SIGKILL: no cleanup runs
     done = subprocess.run([sys.executable, "-m", "env_server", "--sweep", "--server-name", killed.server_name],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TITO_SANDBOX__BACKEND": backend})
     assert done.returncode == 0, done.stderr
     assert f"of server {killed.server_name!r}" in done.stdout
-    assert containers_of(killed.server_name) == []
+    assert sandboxes_of(backend, killed.server_name) == []
 
 
-def test_graceful_shutdown_removes_everything(docker_ok, tmp_path):
-    srv = start_server(tmp_path)
+def test_graceful_shutdown_removes_everything(backend, tmp_path):
+    srv = start_server(tmp_path, backend=backend)
     stub = srv.stub()
     stub.OpenSession(pb.OpenSessionRequest(environment="python"))
-    assert containers_of(srv.server_name)
+    assert sandboxes_of(backend, srv.server_name)
     assert srv.terminate() == 0
-    assert containers_of(srv.server_name) == []
+    assert sandboxes_of(backend, srv.server_name) == []
     assert "shut down cleanly" in srv.log()

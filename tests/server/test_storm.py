@@ -1,26 +1,22 @@
-"""An open storm against a real server: 256 OpenSession calls at once, a warm pool of 2. Every open
-succeeds (queued for a start slot, each start timed on its own), every session runs a call, and
-stopping the server leaves no container behind. bench/bench_storm.py prints the figures."""
+"""An open storm against a real server: 256 OpenSession calls at once, a warm pool of 2, under each sandbox
+backend. Every open succeeds (queued for a start slot, each start timed on its own), every session runs a call,
+and stopping the server leaves no sandbox behind. bench/bench_storm.py prints the figures."""
 
 from __future__ import annotations
 
 import asyncio
 
-import pytest
-
-from tests.harness import containers_of, start_server
+from tests.harness import sandboxes_of, start_server
 from tito.client import AsyncTitoClient, StepStatus
 from tito.types import ToolCall
-
-pytestmark = pytest.mark.docker
 
 STORM = 256
 
 
-def test_256_opens_at_once_all_succeed(docker_ok, tmp_path):
-    # A fixed pool (the harness's default): a pool that learned this burst would start 256 more containers
+def test_256_opens_at_once_all_succeed(backend, tmp_path):
+    # A fixed pool (the harness's default): a pool that learned this burst would start 256 more sandboxes
     # just as the server stops; test_demand.py covers learning at a size this machine's dockerd keeps up with.
-    srv = start_server(tmp_path, env={"TITO_POOL__TARGET_SIZE": "2"})
+    srv = start_server(tmp_path, backend=backend, env={"TITO_POOL__TARGET_SIZE": "2"})
 
     async def main() -> None:
         # retries=0: an open the server refused would fail here instead of being retried quietly.
@@ -40,4 +36,4 @@ def test_256_opens_at_once_all_succeed(docker_ok, tmp_path):
         assert "OpenSession(python) failed" not in srv.log()
     finally:
         srv.terminate()
-    assert containers_of(srv.server_name) == []
+    assert sandboxes_of(backend, srv.server_name) == []
