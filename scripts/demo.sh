@@ -26,7 +26,7 @@ for a in "$@"; do
         --down) DOWN=1 ;;
         --local) MODE=local ;;
         --compose) MODE=compose ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "[demo] unknown argument '$a' (see --help)" >&2; exit 2 ;;
     esac
 done
