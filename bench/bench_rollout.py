@@ -130,6 +130,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--num-generations", type=int, default=4, help="rollouts per prompt (a GRPO group)")
     ap.add_argument("--repeats", type=int, default=3, help="timed pairs (with tools, then replayed)")
     ap.add_argument("--env-address", help="a running env server (default: start one with a warm pool of --rollouts)")
+    ap.add_argument("--sandbox-backend", choices=["docker", "bwrap"], default="docker",
+                    help="where the server this starts runs its sandboxes (sandbox.backend)")
     ap.add_argument("--metrics-url", help="that server's Prometheus endpoint (http://HOST:PORT/metrics): each timed "
                     "batch then starts with its warm pool refilled")
     ap.add_argument("--model", help="a model folder that writes tool calls (a trainer checkpoint); default: warm-start one")
@@ -249,15 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.env_address:
         address = args.env_address
     else:
-        from tests.harness import docker_available, start_server
+        from tests.harness import bwrap_available, docker_available, start_server
 
-        if why := docker_available():
+        if why := (bwrap_available() if args.sandbox_backend == "bwrap" else docker_available()):
             raise SystemExit(why)
         tmp = tempfile.mkdtemp(prefix="tito-bench-rollout-")
-        server = start_server(Path(tmp), env={"TITO_POOL__TARGET_SIZE": str(args.rollouts)})
+        server = start_server(Path(tmp), env={"TITO_POOL__TARGET_SIZE": str(args.rollouts)},
+                              backend=args.sandbox_backend)
         address = server.address
         metrics_url = f"http://127.0.0.1:{server.metrics_port}/metrics"
-        print(f"env server {address} (warm pool of {args.rollouts}; log {server.log_path})")
+        print(f"env server {address} ({args.sandbox_backend} sandboxes, warm pool of {args.rollouts}; "
+              f"log {server.log_path})")
     try:
         result = asyncio.run(run(args, address, metrics_url))
     finally:
