@@ -37,7 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from env_server.sandbox import PoolConfig, Sandbox, SandboxConfig, SandboxPool  # noqa: E402
 from tests.harness import (  # noqa: E402
-    bwrap_available, bwrap_sandboxes_of, containers_of, docker_available, start_server,
+    bwrap_available,
+    bwrap_sandboxes_of,
+    containers_of,
+    docker_available,
+    start_server,
 )
 from tito.client import AsyncTitoClient, StepStatus, TitoClient  # noqa: E402
 from tito.types import ToolCall  # noqa: E402

@@ -87,9 +87,9 @@ def _given(**values: str | None) -> dict[str, str] | None:
 
 def sweep(config) -> int:
     """`--sweep`: what a killed server of this name left, removed without starting a server."""
-    from env_server.sandbox.backend import make_backend
+    from env_server.sandbox.backends import make_sandbox_backend
 
-    backend = make_backend(config.sandbox, server_name=config.server_name, instance_id="sweep")
+    backend = make_sandbox_backend(config.sandbox, server_name=config.server_name, instance_id="sweep")
     try:
         removed = backend.sweep()
     except Exception as e:  # noqa: BLE001 - said in one line, like every start-up error

@@ -107,7 +107,8 @@ def bwrap_sandboxes_of(server_name: str, instance: str | None = None, *, running
                 dirs.remove(folder)
                 for inst in (Path(root) / folder).iterdir():
                     found.update({p.name: inst.name for p in inst.iterdir() if p.is_dir()} if inst.is_dir() else {})
-    return [ContainerInfo(session, session, {"tito.server": server_name, "tito.instance": inst, "tito.session": session})
+    return [ContainerInfo(session, session,
+                          {"tito.server": server_name, "tito.instance": inst, "tito.session": session})
             for session, inst in sorted(found.items()) if instance is None or inst == instance]
 
 

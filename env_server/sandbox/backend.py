@@ -13,7 +13,7 @@ backend started it. Everything above (`Sandbox`, the pools, the environments) is
 
 Built in: `docker` (docker/backend.py: one container per sandbox, through dockerd) and `bwrap`
 (bwrap/backend.py: one bubblewrap process tree per sandbox over a read-only root filesystem; no daemon, no
-root). A third (apptainer, Kubernetes pods) implements the same methods and registers in `make_backend`.
+root). A third (apptainer, Kubernetes pods) implements the same methods and is named in backends.py.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     async def start(self, config: SandboxConfig, *, session_id: str, executor: concurrent.futures.Executor,
                     timeout_s: float) -> StartedSandbox:
-        """Starts one sandbox of `config` (its image, limits, timeouts) and waits for its REPL's ready line; a failed or cancelled start leaves nothing
-        behind. Raises SandboxError (why), ChannelClosed (the REPL died), asyncio.TimeoutError."""
+        """Starts one sandbox of `config` (its image, limits, timeouts) and waits for its REPL's ready line; a
+        failed or cancelled start leaves nothing behind. Raises SandboxError (why), ChannelClosed (the REPL
+        died), asyncio.TimeoutError."""
 
     @abc.abstractmethod
     def sweep(self, *, keep_instance: str | None = None, only_instance: str | None = None) -> int:
@@ -114,18 +115,6 @@ class SandboxBackend(abc.ABC):
 
     def close(self) -> None:
         """Releases the backend's own resources (clients, files); sandboxes are removed by the pool."""
-
-
-def make_backend(config: SandboxConfig, *, server_name: str, instance_id: str, threads: int = 12) -> SandboxBackend:
-    """The backend `sandbox.backend` names, for one server instance; `threads`: how many of its blocking calls may
-    run at once."""
-    if config.backend == "bwrap":
-        from .bwrap.backend import BwrapBackend
-
-        return BwrapBackend(config, server_name=server_name, instance_id=instance_id)
-    from .docker.backend import DockerBackend
-
-    return DockerBackend(config, server_name=server_name, instance_id=instance_id, connections=threads + 4)
 
 
 def exit_reason(info: ExitInfo, mem_limit_bytes: int) -> str:

@@ -196,7 +196,8 @@ class PoolConfig(BaseModel):
     create_timeout_s: float = Field(30.0, gt=0)  # create+start+ready of one sandbox, queue time excluded
     retry_backoff_s: float = Field(1.0, gt=0)  # after a failed create, doubling up to 30 s
     probe_interval_s: float = Field(5.0, gt=0)  # while not ready: re-check daemon and image
-    docker_threads: int = Field(12, gt=0)  # threads for the backend's blocking calls (Docker SDK; bwrap spawns, removals)
+    # Threads for the backend's blocking calls (the Docker SDK; bwrap's spawns and removals).
+    docker_threads: int = Field(12, gt=0)
     # Environments on another image than sandbox.image (python_scientific) get a pool of their own this size.
     other_images_target_size: int = Field(1, ge=0)
     # Task images (a session's env_args `image`, allowed by the server's task_images) get a pool at their first

@@ -19,7 +19,8 @@ import os
 import weakref
 from typing import Any, Callable, TypeVar
 
-from .backend import SandboxBackend, make_backend
+from .backend import SandboxBackend
+from .backends import make_sandbox_backend
 from .config import PoolConfig, SandboxConfig
 from .demand import DemandTracker
 from .errors import BackendUnavailable, SandboxError, SandboxUnavailable
@@ -52,7 +53,7 @@ class SandboxPool:
         self.server_name = server_name
         self.instance_id = instance_id
         # Where its sandboxes run (sandbox.backend); pools of one server may share one.
-        self.backend = backend or make_backend(sandbox, server_name=server_name, instance_id=instance_id,
+        self.backend = backend or make_sandbox_backend(sandbox, server_name=server_name, instance_id=instance_id,
                                                threads=pool.docker_threads)
         self._owns_backend = backend is None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from .config import PoolConfig, SandboxConfig
 from .pool import SandboxPool
 
+
 class SandboxPools:
     def __init__(self, sandbox: SandboxConfig, pool: PoolConfig, server_name: str, instance_id: str,
                  task_images: Iterable[str] = ()) -> None:

@@ -175,11 +175,11 @@ def test_dead_server_leaves_no_running_sandbox(backend, census):
     name = f"{SERVER_NAME}-deadman-{backend}"
     script = textwrap.dedent(f"""
         import asyncio, concurrent.futures, os, signal
-        from env_server.sandbox import Sandbox, make_backend
+        from env_server.sandbox import Sandbox, make_sandbox_backend
         from tests.sandbox.conftest import fast_config
         async def main():
             config = fast_config({backend!r})
-            backend = make_backend(config, server_name={name!r}, instance_id="doomed")
+            backend = make_sandbox_backend(config, server_name={name!r}, instance_id="doomed")
             backend.probe(config.image)
             sb = await Sandbox.create(backend, config, executor=concurrent.futures.ThreadPoolExecutor(2))
             assert (await sb.execute("1")).value == "1"
@@ -208,9 +208,9 @@ def test_dead_server_leaves_no_running_sandbox(backend, census):
             docker.from_env().api.remove_container(sandbox_id, force=True)
             remove_instance_dirs(SandboxConfig().socket_dir, name)
         else:  # the cgroup folders a killed server leaves: the next start's sweep would remove them
-            from env_server.sandbox import make_backend
+            from env_server.sandbox import make_sandbox_backend
 
-            make_backend(fast_config(backend), server_name=name, instance_id="cleanup").sweep()
+            make_sandbox_backend(fast_config(backend), server_name=name, instance_id="cleanup").sweep()
 
 
 async def test_opens_beyond_the_start_slots_queue_in_order_and_time_out_with_a_retry_hint(backend, census):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from env_server.sandbox.sandbox import Sandbox
 from env_server.sandbox.runtime import repl_protocol as protocol
+from env_server.sandbox.sandbox import Sandbox
 
 
 def test_messages_round_trip_through_one_line():

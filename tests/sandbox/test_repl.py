@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 
 async def test_state_persists_variables_imports_files(sandbox):
     r = await sandbox.execute("import math\nx = 41\ndef f(a):\n    return a + 1\n"

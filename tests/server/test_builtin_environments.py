@@ -68,7 +68,8 @@ def test_a_missing_image_fails_only_its_environment(backend, tmp_path):
     from tito.client import UnavailableError
 
     srv = start_server(tmp_path, backend=backend,
-                       env={"TITO_ENVIRONMENT_IMAGES": json.dumps({"python_scientific": "tito-sandbox-python:no-such-tag"})})
+                       env={"TITO_ENVIRONMENT_IMAGES": json.dumps(
+                           {"python_scientific": "tito-sandbox-python:no-such-tag"})})
     missing = "not found" if backend == "docker" else "no root filesystem for image 'tito-sandbox-python:no-such-tag'"
     try:
         with TitoClient(srv.address, retries=0) as client:

@@ -150,7 +150,8 @@ def _pool_figures(port: int, image: str) -> dict[str, float]:
 
 
 def test_a_task_image_is_warm_after_the_first_burst(backend, task_images, tmp_path):
-    srv = start_server(tmp_path, backend=backend, env={"TITO_POOL__LEARN_DEMAND": "true", "TITO_POOL__TARGET_SIZE": "1"})
+    srv = start_server(tmp_path, backend=backend,
+                       env={"TITO_POOL__LEARN_DEMAND": "true", "TITO_POOL__TARGET_SIZE": "1"})
     image, burst = load_task(TASKS / "intervals").image, 3
     try:
         with TitoClient(srv.address) as client:

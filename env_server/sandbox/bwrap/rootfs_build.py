@@ -387,7 +387,8 @@ def tree_digest_file(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m env_server.sandbox.bwrap.rootfs_build", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m env_server.sandbox.bwrap.rootfs_build",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--rootfs-dir", type=Path, default=None,
                    help="where root filesystems live (default: sandbox.bwrap.rootfs_dir's default, "
                         f"{rootfs.default_rootfs_dir()})")

@@ -59,8 +59,8 @@ class DockerBackend(SandboxBackend):
                 "(docs/setup.md)") from None
 
     def missing_task_image(self, quoted_image: str) -> str:
-        return (f"the task image {quoted_image} is not on this server's Docker daemon; build it on that daemon from the "
-                "sandbox image, offline (the recipe: sandbox_images/task/Dockerfile; scripts/build_task_images.sh "
+        return (f"the task image {quoted_image} is not on this server's Docker daemon; build it on that daemon "
+                "from the sandbox image, offline (the recipe: sandbox_images/task/Dockerfile; scripts/build_task_images.sh "
                 "builds the example tasks)")
 
     async def start(self, config: SandboxConfig, *, session_id: str, executor: concurrent.futures.Executor,

@@ -22,9 +22,9 @@ from docker.types import LogConfig, Ulimit
 
 from ..channel import ReplChannel
 from ..config import SandboxConfig
+from ..runtime import repl_protocol as protocol
 from .container import ContainerHandle
 from .labels import labels
-from ..runtime import repl_protocol as protocol
 from .socket_channel import SocketEndpoint
 
 log = logging.getLogger(__name__)
