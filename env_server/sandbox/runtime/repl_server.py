@@ -20,7 +20,6 @@ import io
 import linecache
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -30,14 +29,29 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import repl_protocol as protocol  # noqa: E402
 from repl_capture import BackgroundWrites, PipeCapture, ThreadRoutedStream  # noqa: E402
-from repl_editor import Editor  # noqa: E402
-from repl_files import Workdir  # noqa: E402
-from repl_shell import Shell  # noqa: E402
 
 del sys.path[0]
 
 MAIN_PID = os.getpid()
 THIS_FILE = os.path.abspath(__file__)
+
+
+def _runtime_module(name):
+    """A runtime module beside this file, loaded at its first use: the shell, the file operations and the
+    editor (and what they import: subprocess, hashlib, pathlib, ...) would otherwise cost every sandbox's
+    start-up, and few sessions use them all. Loaded by path under a private name, so that a module the code
+    made with the same name changes nothing."""
+    private = "_tito_" + name
+    module = sys.modules.get(private)
+    if module is None:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(THIS_FILE), name + ".py")
+        spec = importlib.util.spec_from_file_location(private, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[private] = module
+    return module
 
 
 class TimeoutInterrupt(BaseException):
@@ -76,7 +90,7 @@ class Repl:
         self.exec_count = 0
         self.globals = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
         self.workdir = os.getcwd()
-        self.files = Workdir(self.workdir)
+        self._files = None  # the working directory's file operations, made by the first file request
         self.shell = None  # the session's bash, started by its first shell request
         self.editor = None  # the session's file editor (its undo history), made by the first edit request
         if self.workdir not in sys.path:
@@ -92,7 +106,15 @@ class Repl:
 
     # -- plumbing -------------------------------------------------------------------------------
 
+    @property
+    def files(self):
+        if self._files is None:
+            self._files = _runtime_module("repl_files").Workdir(self.workdir)
+        return self._files
+
     def _connect_socket(self, path, token):
+        import socket  # only the socket channel (Docker's) needs it
+
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(5)
@@ -264,7 +286,7 @@ class Repl:
         """Runs a command in the session's bash (started now if this is the first)."""
         def body():
             if self.shell is None:
-                self.shell = Shell(self.workdir)
+                self.shell = _runtime_module("repl_shell").Shell(self.workdir)
             return self.shell.run(req.command)
 
         reply, outcome = self._call(req, req.timeout, req.cap, req.cap, body, keep_value=False)
@@ -280,7 +302,7 @@ class Repl:
 
     def edit(self, req):
         if self.editor is None:
-            self.editor = Editor()
+            self.editor = _runtime_module("repl_editor").Editor()
         return self.editor.run(req)
 
     def _call(self, req, timeout, cap, value_cap, body, keep_value=True):
