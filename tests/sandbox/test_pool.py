@@ -65,7 +65,7 @@ async def test_a_bwrap_sandbox_has_its_cgroup_limits_and_filter(pool, census):
     try:
         [seen] = census.of(SERVER_NAME, session=sb.session_id)
         assert seen.labels["tito.instance"] == pool.instance_id
-        repl = sb.handle._find_repl()  # noqa: SLF001 - the REPL's host pid, to read its status from outside
+        repl = sb.handle.repl_pid  # the REPL's host pid, to read its status from outside
         status = dict(line.split(":\t", 1) for line in open(f"/proc/{repl}/status").read().splitlines()
                       if ":\t" in line)
         assert status["Seccomp"].strip() == "2" and status["NoNewPrivs"].strip() == "1"
@@ -228,7 +228,7 @@ async def test_opens_beyond_the_start_slots_queue_in_order_and_time_out_with_a_r
         one_start = (time.monotonic() - t0) / 2
         await asyncio.gather(first.destroy(), second.destroy())
 
-        p.pool_config = p.pool_config.model_copy(update={"admission_timeout_s": max(0.2, one_start / 4)})
+        p.pool_config = p.pool_config.model_copy(update={"admission_timeout_s": max(0.01, one_start / 4)})
         results = await asyncio.gather(*(p.acquire() for _ in range(3)), return_exceptions=True)
         made = [r for r in results if not isinstance(r, BaseException)]
         busy = [r for r in results if isinstance(r, PoolBusy)]

@@ -72,32 +72,37 @@ class BwrapSandbox:
         self.id = name
         self.process = process
         self.cgroup = cgroup
-        self._repl_pid: int | None = None
+        self._init: _Process | None = None  # the sandbox's pid 1 (bwrap's init)
+        self._repl: _Process | None = None
         self._lock = threading.Lock()
         self.removed = False
 
-    def _find_repl(self) -> int | None:
-        """The REPL's host pid: the first child of the sandbox's pid 1, the outer bwrap's child."""
-        if self._repl_pid is None:
-            init = _children(self.process.pid)
-            repl = _children(init[0]) if init else []
-            self._repl_pid = repl[0] if repl else None
-        return self._repl_pid
+    def discover(self) -> None:
+        """Finds the sandbox's init (the outer bwrap's child) and REPL (the init's first child) once the REPL is
+        ready, and holds them by pidfd: a signal can then never reach a process that took a recycled pid."""
+        init = _children(self.process.pid)
+        self._init = _Process.open(init[0]) if init else None
+        repl = _children(init[0]) if init else []
+        self._repl = _Process.open(repl[0]) if repl else None
+
+    @property
+    def repl_pid(self) -> int | None:
+        return self._repl.pid if self._repl is not None else None
 
     def signal(self, sig: str) -> None:
         if sig == "SIGKILL":
             self._kill_all()
             return
-        pid = self._find_repl()
-        if pid is None or self.process.poll() is not None:
+        if self._repl is None or self.process.poll() is not None or not self._repl.send(getattr(signal, sig)):
             raise SandboxError("the sandbox's REPL is not running")
-        os.kill(pid, getattr(signal, sig))
 
     def _kill_all(self) -> None:
-        # The outer bwrap's death takes the sandbox's pid 1 (its parent-death signal), and with it the whole pid
-        # namespace; the cgroup catches anything caught mid-fork.
-        with contextlib.suppress(ProcessLookupError):
-            self.process.kill()
+        # The sandbox's pid 1 dies, and with it its whole pid namespace; the outer bwrap then reaps it and exits
+        # (so no orphan is left for whoever is pid 1 here to reap). Without the init, the outer bwrap is killed
+        # instead: its parent-death signal takes the rest. The cgroup catches anything caught mid-fork.
+        if self._init is None or not self._init.send(signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
         if self.cgroup is not None:
             self.cgroup.kill()
 
@@ -121,14 +126,56 @@ class BwrapSandbox:
             self.removed = True
         existed = self.process.poll() is None
         self._kill_all()
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             self.process.wait(5)
+        except subprocess.TimeoutExpired:  # the init did not take the outer bwrap with it: kill that too
+            self.process.kill()
+            self.process.wait()
         if self.cgroup is not None:
             self.cgroup.remove()
+        for process in (self._init, self._repl):
+            if process is not None:
+                process.close()
         return existed
 
     def memory_bytes(self) -> int | None:
         return self.cgroup.memory_bytes() if self.cgroup is not None else None
+
+
+class _Process:
+    """A process held by a pidfd (os.kill by pid where the kernel has no pidfds)."""
+
+    def __init__(self, pid: int, fd: int | None, gone: bool = False) -> None:
+        self.pid = pid
+        self.fd = fd
+        self.gone = gone
+
+    @classmethod
+    def open(cls, pid: int) -> _Process:
+        try:
+            return cls(pid, os.pidfd_open(pid))
+        except ProcessLookupError:
+            return cls(pid, None, gone=True)
+        except (AttributeError, OSError):  # no pidfds here (Python or kernel): by pid, as before pidfds
+            return cls(pid, None)
+
+    def send(self, sig: int) -> bool:
+        """Sends `sig`; False if the process is gone."""
+        if self.gone:
+            return False
+        try:
+            if self.fd is not None:
+                signal.pidfd_send_signal(self.fd, sig)
+            else:
+                os.kill(self.pid, sig)
+        except OSError:  # ProcessLookupError: it exited
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def _children(pid: int) -> list[int]:
@@ -303,6 +350,7 @@ class BwrapBackend(SandboxBackend):
             if left <= 0:
                 raise asyncio.TimeoutError
             protocol.parse_ready(await asyncio.wait_for(channel.wait_ready(), left))
+            await loop.run_in_executor(executor, sandbox.discover)
         except BaseException as exc:
             if channel is not None:
                 await channel.close()
