@@ -101,8 +101,9 @@ def target_logprobs_unsharded(model, input_ids: torch.Tensor, target_mask: torch
     """`target_logprobs` itself (a plain model calls it directly)."""
     base = getattr(model, model.base_model_prefix)
     lm_head = model.get_output_embeddings()
-    # No KV cache: nothing is decoded after this pass.
-    hidden = base(input_ids=input_ids, use_cache=False).last_hidden_state[:, :-1]
+    # (use_cache stays the config's: use_cache=False takes another attention-mask path, whose float
+    # results differ in the last bit, and the demo's figures are kept bit for bit.)
+    hidden = base(input_ids=input_ids).last_hidden_state[:, :-1]
     sel = target_mask.bool()
     h = hidden[sel]
     tgt = input_ids[:, 1:][sel]
