@@ -203,6 +203,9 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _strategy_fits(self) -> TrainConfig:
+        if self.backend != "transformers" and "transformers" in self.model_fields_set:
+            raise ValueError(f"the transformers section configures backend transformers, and backend is "
+                             f"{self.backend!r}: remove it, or set backend: transformers")
         if not self.fsdp:
             return self
         if self.warm_start.steps > 0:

@@ -143,6 +143,7 @@ def test_activation_checkpointing_changes_memory_not_results():
     (["distributed.param_dtype=bfloat16"], "distributed.param_dtype applies to strategy fsdp only"),
     (["distributed.strategy=fsdp", "distributed.cpu_offload=true", "model.device=cpu"], "with model.device: cpu it is"),
     (["distributed.strategy=ddp"], "distributed.strategy"),
+    (["backend=vllm", "transformers.sampler=static"], "the transformers section configures backend transformers"),
 ])
 def test_config_errors_say_what_to_do(overrides, message):
     with pytest.raises(ConfigError, match=message):
