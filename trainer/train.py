@@ -78,10 +78,10 @@ async def train(run: Run, cfg: TrainConfig) -> list[dict[str, Any]]:
                 # normalisers, so they equal one big batch's
                 run.model.train()
                 optimizer.zero_grad(set_to_none=True)
-                batches = [b for i in range(0, len(rollouts), cfg.micro_batch_size)
-                           if int((b := collate(rollouts[i : i + cfg.micro_batch_size],
-                                                adv[i : i + cfg.micro_batch_size], run.pad_id, run.device)
-                                   ).mask.sum()) > 0]
+                mbs = cfg.micro_batch_size
+                batches = [collate(rollouts[i : i + mbs], adv[i : i + mbs], run.pad_id, run.device)
+                           for i in range(0, len(rollouts), mbs)]
+                batches = [b for b in batches if int(b.mask.sum()) > 0]  # nothing generated: nothing to train
                 # fsdp: every pass is collective, so every rank runs as many micro-batches as the
                 # busiest one, the extra ones training on nothing (model.filler_batch)
                 fillers = dist.max(len(batches)) - len(batches) if cfg.fsdp else 0
