@@ -10,6 +10,12 @@ complete, so a run killed while saving leaves the previous one intact.
 Resuming loads the same things, points the generation backend at the restored weights, and the
 loop continues at the next step; the task's prompts and the per-request sampling seeds are
 functions of the step, so the resumed step is the one the uninterrupted run would have taken.
+
+Under `distributed.strategy: fsdp` the policy, optimizer and reference are sharded, and so is
+their checkpoint: `sharded/` is a `torch.distributed.checkpoint` (DCP) folder that every rank
+writes its shards into (no rank gathers the model), beside the model's `config.json`. DCP reshards
+on load, so a run may resume on another number of ranks. `python -m trainer.export CKPT OUT`
+turns it into a `save_pretrained` folder.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import yaml
 
-from trainer import report
-from trainer.config import TrainConfig
+from trainer import fsdp, report
+from trainer.config import ConfigError, TrainConfig
 
 if TYPE_CHECKING:
     from trainer.setup import Run
@@ -36,6 +42,7 @@ log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 LATEST = "checkpoint"
 STATE = "trainer_state.json"
+SHARDED = "sharded"  # the DCP folder of an fsdp checkpoint
 
 
 def due(step: int, cfg: TrainConfig) -> bool:
@@ -46,7 +53,9 @@ def save(out: Path, step: int, run: Run, optimizer: torch.optim.Optimizer, ref_m
          history: list[dict[str, Any]]) -> Path:
     """Write the checkpoint of `step` (every rank calls this; rank 0 writes the shared parts)."""
     dist = run.dist
-    dist.check_same_weights(run.model)  # one rank's weights stand for all
+    sharded = fsdp.is_sharded(run.model)
+    if not sharded:
+        dist.check_same_weights(run.model)  # one rank's weights stand for all
     root = out / CHECKPOINTS
     final, tmp = root / f"step-{step:06d}", root / f".step-{step:06d}.tmp"
     if dist.is_main:
@@ -54,14 +63,23 @@ def save(out: Path, step: int, run: Run, optimizer: torch.optim.Optimizer, ref_m
         (tmp / "rng").mkdir(parents=True)
     dist.barrier()
     torch.save(rng_state(run.backend), tmp / "rng" / f"rank{dist.rank}.pt")
+    if sharded:
+        save_sharded(tmp / SHARDED, run.model, optimizer, ref_model)  # every rank its shards
     if dist.is_main:
-        run.model.save_pretrained(tmp)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        if ref_model is not None:
-            ref_model.save_pretrained(tmp / "ref")
+        if sharded:
+            # The architecture only (weights are in sharded/); save_pretrained would name the class.
+            run.model.config.architectures = [type(run.model).__name__.removeprefix("FSDP")]
+            run.model.config.save_pretrained(tmp)
+        else:
+            run.model.save_pretrained(tmp)
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            if ref_model is not None:
+                ref_model.save_pretrained(tmp / "ref")
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=False))
         # Python's json keeps NaN (the metrics use it); this file is read back only by restore().
-        (tmp / STATE).write_text(json.dumps({"step": step, "world": dist.world, "history": history}))
+        (tmp / STATE).write_text(json.dumps({"step": step, "world": dist.world, "history": history,
+                                             "strategy": "fsdp" if sharded else "replicate",
+                                             "ref": ref_model is not None}))
     dist.barrier()
     if dist.is_main:
         shutil.rmtree(final, ignore_errors=True)
@@ -79,9 +97,17 @@ def restore(source: str | Path, run: Run, optimizer: torch.optim.Optimizer, ref_
     and rewind the output files in `out` to its step; returns (its step, the metrics so far)."""
     path = resolve(source)
     state = json.loads((path / STATE).read_text())
-    load_weights(run.model, path)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-    if ref_model is not None:
+    saved_by, sharded = state.get("strategy", "replicate"), fsdp.is_sharded(run.model)
+    if (saved_by == "fsdp") != sharded:
+        raise ConfigError(f"{path} was saved by distributed.strategy {saved_by}, and this run uses "
+                          f"{'fsdp' if sharded else 'replicate'}: resume with strategy {saved_by} (a fsdp checkpoint "
+                          f"becomes a plain model folder with python -m trainer.export {path} OUT)")
+    if sharded:
+        load_sharded(path / SHARDED, run.model, optimizer, ref_model, has_ref=bool(state.get("ref")))
+    else:
+        load_weights(run.model, path)
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
+    if ref_model is not None and not sharded:
         if (path / "ref").is_dir():
             load_weights(ref_model, path / "ref")
         else:
@@ -98,6 +124,37 @@ def restore(source: str | Path, run: Run, optimizer: torch.optim.Optimizer, ref_
         report.rewind_outputs(out, state["history"], int(state["step"]))
     log.info("resumed from %s at step %d", path, state["step"])
     return int(state["step"]), state["history"]
+
+
+def save_sharded(folder: Path, model, optimizer: torch.optim.Optimizer, ref_model) -> None:
+    """The sharded policy, optimizer and reference as one DCP checkpoint (every rank calls this)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    if ref_model is not None:
+        state["ref"] = get_model_state_dict(ref_model)
+    dcp.save(state, checkpoint_id=str(folder))
+
+
+def load_sharded(folder: Path, model, optimizer: torch.optim.Optimizer, ref_model, *, has_ref: bool) -> None:
+    """`save_sharded`'s checkpoint into the sharded model, optimizer and reference (in place; DCP
+    reads each rank's part, whatever the number of ranks that wrote it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                         set_state_dict)
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    if ref_model is not None and has_ref:
+        state["ref"] = get_model_state_dict(ref_model)
+    dcp.load(state, checkpoint_id=str(folder))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if ref_model is not None:
+        if not has_ref:
+            log.warning("%s has no KL reference (saved with loss.beta 0): the restored policy is the reference", folder)
+        set_model_state_dict(ref_model, state["ref"] if has_ref else state["model"])
 
 
 def resolve(source: str | Path) -> Path:

@@ -22,6 +22,9 @@ class ModelConfig(_Strict):
                                    "(default: the tokenizer's size). No-env tasks may use fewer.")
     head_dim: int | None = Field(None, ge=1, description="tiny-random-qwen3 only: attention head size "
                                  "(default 16 = hidden/heads; vLLM's CPU build needs 32 or more).")
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in the backward pass instead of keeping "
+        "them (transformers' gradient checkpointing, non-reentrant): less memory, ~1/3 more compute per micro-step.")
 
     @model_validator(mode="after")
     def _tiny_only(self) -> ModelConfig:
@@ -98,6 +101,42 @@ class VllmSettings(_Strict):
                                      "num_generations x prompts_per_step, the rollouts of one step).")
 
 
+class TransformersSettings(_Strict):
+    """The transformers backend's sampler."""
+
+    sampler: Literal["loop", "static"] = Field(
+        "loop", description="'loop': a decoding loop over transformers' dynamic KV cache (CPU and CUDA; the "
+        "default). 'static': a fixed-size KV cache and one compiled decoding step (CUDA graphs on a GPU), "
+        "sampling with counter-based noise so that the step has no host work (backends/static_sampler.py).")
+    compile: bool = Field(True, description="sampler 'static' on CUDA: torch.compile the decoding step "
+                          "(mode reduce-overhead, i.e. CUDA graphs). Ignored on CPU, where it runs eagerly.")
+    max_batch_size: int = Field(64, ge=1, description="Rows sampled together; more requests run in turns.")
+
+
+class DistributedSettings(_Strict):
+    """How the ranks of a torchrun / accelerate launch share the policy (docs/trainer.md, docs/scaling-training.md)."""
+
+    strategy: Literal["replicate", "fsdp"] = Field(
+        "replicate", description="'replicate': every rank holds the whole model, gradients are summed after the "
+        "micro-batches. 'fsdp': the policy (and the KL reference) sharded per decoder layer with FSDP2.")
+    param_dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
+        None, description="fsdp: the dtype layers are all-gathered and computed in (FSDP2's mixed precision; "
+        "default bfloat16). The sharded weights and Adam's state keep model.dtype.")
+    reduce_dtype: Literal["float32", "bfloat16"] | None = Field(
+        None, description="fsdp: the dtype gradients are reduce-scattered in (default float32).")
+    cpu_offload: bool = Field(False, description="fsdp on GPUs: keep the sharded weights, gradients and Adam's "
+                              "state in host memory (the optimizer steps on the CPU).")
+
+    @model_validator(mode="after")
+    def _fsdp_only(self) -> DistributedSettings:
+        if self.strategy != "fsdp":
+            for name in ("param_dtype", "reduce_dtype", "cpu_offload"):
+                if name in self.model_fields_set:
+                    raise ValueError(f"distributed.{name} applies to strategy fsdp only (strategy is "
+                                     f"{self.strategy!r}): set distributed.strategy: fsdp, or remove {name}")
+        return self
+
+
 class WarmStartConfig(_Strict):
     """Supervised fine-tuning on scripted demonstrations (run through the env server) before GRPO."""
 
@@ -118,6 +157,8 @@ class TrainConfig(_Strict):
     loss: LossSettings = Field(default_factory=LossSettings)
     vllm: VllmSettings = Field(default_factory=VllmSettings)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    transformers: TransformersSettings = Field(default_factory=TransformersSettings)
+    distributed: DistributedSettings = Field(default_factory=DistributedSettings)
 
     num_generations: int = Field(4, ge=1, description="Rollouts per prompt (GRPO group size).")
     prompts_per_step: int = Field(2, ge=1)
@@ -147,6 +188,34 @@ class TrainConfig(_Strict):
     ddp_timeout_s: float = Field(1800.0, gt=0, description="Collective timeout between ranks (a warm start "
                                  "runs on rank 0 while the others wait).")
     progress: bool = True
+
+    @property
+    def fsdp(self) -> bool:
+        return self.distributed.strategy == "fsdp"
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the policy computes in, and so the one generation should sample in: FSDP's
+        param_dtype (default bfloat16) under fsdp, else model.dtype."""
+        if self.fsdp:
+            return self.distributed.param_dtype or "bfloat16"
+        return self.model.dtype
+
+    @model_validator(mode="after")
+    def _strategy_fits(self) -> TrainConfig:
+        if self.backend != "transformers" and "transformers" in self.model_fields_set:
+            raise ValueError(f"the transformers section configures backend transformers, and backend is "
+                             f"{self.backend!r}: remove it, or set backend: transformers")
+        if not self.fsdp:
+            return self
+        if self.warm_start.steps > 0:
+            raise ValueError("warm_start.steps > 0 needs distributed.strategy: replicate: the warm start trains the "
+                             "whole model on rank 0, which fsdp exists to avoid. Warm-start with replicate, then "
+                             "start the fsdp run from its checkpoint (model.path: <run>/checkpoint)")
+        if self.distributed.cpu_offload and self.model.device == "cpu":
+            raise ValueError("distributed.cpu_offload moves the sharded state from the GPU to host memory; with "
+                             "model.device: cpu it is there already: remove cpu_offload or train on cuda")
+        return self
 
     @field_validator("report_to", mode="before")
     @classmethod

@@ -9,6 +9,10 @@ The sum is one bucketed all-reduce after the micro-batches rather than DDP's bac
 purpose: DDP needs every rank to run the same number of backward passes, and here that number
 varies (dropped rollouts, micro-batches with nothing to train on, uneven shards), which would hang
 DDP. Summing after accumulation is what DDP's `no_sync()` plus a last synced backward computes.
+
+That is `distributed.strategy: replicate`. With `fsdp` (trainer/fsdp.py) the weights are sharded
+and every forward and backward pass is collective, so there the ranks first agree on the number
+of micro-batches (`max`) and pad with ones that train on nothing (train.py).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    joined: bool = False  # this process joined a process group (also a world of 1 under fsdp)
 
     @property
     def is_main(self) -> bool:
@@ -59,6 +64,14 @@ class Dist:
         t = torch.tensor(values, dtype=torch.float64, device=_comm_device())
         torch_dist.all_reduce(t)
         return t.tolist()
+
+    def max(self, value: int) -> int:
+        """The largest `value` over the ranks."""
+        if not self.enabled:
+            return int(value)
+        t = torch.tensor([value], dtype=torch.int64, device=_comm_device())
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+        return int(t.item())
 
     def gather(self, obj: Any) -> list[Any] | None:
         """Every rank's `obj` on rank 0 (in rank order), None elsewhere."""
@@ -87,16 +100,13 @@ class Dist:
         if bucket:
             _all_reduce_flat(bucket)
 
-    def broadcast_model(self, model: torch.nn.Module, backend=None) -> None:
-        """Rank 0's parameters and buffers on every rank (as DDP does at construction), and in
-        each rank's generation backend."""
+    def broadcast_model(self, model: torch.nn.Module) -> None:
+        """Rank 0's parameters and buffers on every rank (as DDP does at construction)."""
         if not self.enabled:
             return
         with torch.no_grad():
             for t in [*model.parameters(), *model.buffers()]:
                 torch_dist.broadcast(t.data, src=0)
-        if backend is not None:
-            backend.sync_weights(model)
 
     def check_same_weights(self, model: torch.nn.Module) -> None:
         """Raise if the ranks' parameters differ (one small all-reduce of a checksum)."""
@@ -112,8 +122,8 @@ class Dist:
 
 
 def _comm_device() -> torch.device:
-    # NCCL moves CUDA tensors only; gloo CPU ones.
-    return torch.device("cuda", torch.cuda.current_device()) if torch_dist.get_backend() == "nccl" \
+    # NCCL moves CUDA tensors only; gloo CPU ones ("cuda:nccl,cpu:gloo" both: use the GPU).
+    return torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(torch_dist.get_backend()) \
         else torch.device("cpu")
 
 
@@ -134,21 +144,32 @@ def launched_world() -> tuple[int, int, int]:
     return rank, world, local_rank
 
 
-def init(device: str, timeout_s: float = 1800.0) -> Dist:
-    """Join the process group when launched with several processes: NCCL when training on CUDA,
-    gloo otherwise. Each rank trains on cuda:LOCAL_RANK."""
+def init(device: str, timeout_s: float = 1800.0, *, fsdp: bool = False, cpu_offload: bool = False) -> Dist:
+    """Join the process group when launched with several processes (or, for fsdp, by a launcher at
+    all: FSDP needs a group even of one): NCCL when training on CUDA, gloo otherwise, both with
+    cpu_offload (the offloaded gradients' norm is reduced on the CPU). Each rank trains on
+    cuda:LOCAL_RANK."""
+    from trainer.config import ConfigError
+
     rank, world, local_rank = launched_world()
-    if world <= 1:
+    launched = "MASTER_ADDR" in os.environ and "WORLD_SIZE" in os.environ
+    if fsdp and not launched and not torch_dist.is_initialized():
+        raise ConfigError("distributed.strategy: fsdp shards the model over the processes that torchrun or accelerate "
+                          "launch starts, and this process was not started by one (no WORLD_SIZE/MASTER_ADDR): run "
+                          "torchrun --nproc-per-node N -m trainer ... (N=1 is fine: one GPU, e.g. with "
+                          "distributed.cpu_offload), or set distributed.strategy: replicate")
+    if world <= 1 and not fsdp:
         return Dist()
     cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if cuda:
         torch.cuda.set_device(local_rank)
     if not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+        backend = ("cuda:nccl,cpu:gloo" if cpu_offload else "nccl") if cuda else "gloo"
+        torch_dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     log.info("rank %d of %d (local %d, %s)", rank, world, local_rank, torch_dist.get_backend())
-    return Dist(rank=rank, world=world, local_rank=local_rank)
+    return Dist(rank=rank, world=world, local_rank=local_rank, joined=True)
 
 
 def shutdown(d: Dist) -> None:
-    if d.enabled and torch_dist.is_initialized():
+    if d.joined and torch_dist.is_initialized():
         torch_dist.destroy_process_group()

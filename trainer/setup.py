@@ -110,13 +110,27 @@ class TokenizerInfo:
         return self._tok.encode(text, add_special_tokens=False).ids
 
 
-def make_backend(cfg: TrainConfig, model, tok: TokenizerInfo, rank: int = 0) -> GenerationBackend:
+def make_backend(cfg: TrainConfig, model, tok: TokenizerInfo, rank: int = 0,
+                 device: torch.device | None = None) -> GenerationBackend:
+    """The generation backend. Under fsdp the training model will be sharded, so the transformers
+    backend samples from its own whole copy (in the compute dtype, on `device`), which
+    `sync_weights` fills from the shards; vLLM's engine always holds its own copy."""
     vocab = model.get_input_embeddings().weight.shape[0]
     # Ranks sample differently even from requests without their own seed.
     if cfg.backend == "transformers":
         from trainer.backends.hf import TransformersBackend
 
-        return TransformersBackend(model, seed=cfg.seed + rank, pad_token_id=min(tok.pad_id, vocab - 1))
+        t = cfg.transformers
+        sampling_model = model
+        if cfg.fsdp:
+            from trainer.fsdp import meta_skeleton
+
+            sampling_model = meta_skeleton(model).to(dtype=getattr(torch, cfg.compute_dtype))
+            sampling_model.to_empty(device=device or "cpu")
+            sampling_model.tie_weights()
+        return TransformersBackend(sampling_model, seed=cfg.seed + rank, pad_token_id=min(tok.pad_id, vocab - 1),
+                                   max_batch_size=t.max_batch_size, sampler=t.sampler, compile=t.compile,
+                                   max_len=cfg.budget.context, needs_sync=cfg.fsdp)
     from trainer.backends.vllm_backend import VllmBackend
 
     return VllmBackend.from_training_model(model, cfg, seed=cfg.seed + rank)
@@ -153,7 +167,8 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
 
         require_vllm()  # before anything is loaded
         check_settings(cfg, resolve_device(cfg.model.device).type)
-    dist = distributed.init(cfg.model.device, cfg.ddp_timeout_s)
+    dist = distributed.init(cfg.model.device, cfg.ddp_timeout_s, fsdp=cfg.fsdp,
+                            cpu_offload=cfg.distributed.cpu_offload)
     try:
         async with _open_run(cfg, dist) as run:
             yield run
@@ -165,9 +180,17 @@ async def open_run(cfg: TrainConfig) -> AsyncIterator[Run]:
 async def _open_run(cfg: TrainConfig, dist: Dist) -> AsyncIterator[Run]:
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.model.device, dist)
+    if cfg.distributed.cpu_offload and device.type != "cuda":
+        from trainer.config import ConfigError
+
+        raise ConfigError(f"distributed.cpu_offload moves the sharded state from the GPU to host memory, and "
+                          f"model.device={cfg.model.device!r} trains on {device}: remove cpu_offload or train on cuda")
     tok = TokenizerInfo.load(cfg)
     vocab = cfg.model.vocab_size or tok.vocab_size
-    model = load_model(cfg.model.path, vocab_size=vocab, seed=cfg.seed, device=str(device),
+    # fsdp: rank 0 reads the whole model into host memory, the others make a skeleton; sharding
+    # (train.py, trainer/fsdp.py) moves the shards to the device.
+    load_on = ("cpu" if dist.is_main else "meta") if cfg.fsdp else str(device)
+    model = load_model(cfg.model.path, vocab_size=vocab, seed=cfg.seed, device=load_on,
                        dtype=cfg.model.dtype, head_dim=cfg.model.head_dim)
     if cfg.backend == "vllm":
         from trainer.backends.vllm_backend import check_model
@@ -184,7 +207,7 @@ async def _open_run(cfg: TrainConfig, dist: Dist) -> AsyncIterator[Run]:
         stop_ids = list(registration.stop_token_ids)
     backend = None
     try:
-        backend = make_backend(cfg, model, tok, dist.rank)
+        backend = make_backend(cfg, model, tok, dist.rank, device)
         yield Run(model=model, backend=backend, task=task, env=env,
                   stop_token_ids=stop_ids, pad_id=tok.pad_id if tok.pad_id < vocab else 0,
                   device=device, decode=tok.decode, encode_teacher_text=tok.encode_teacher_text, dist=dist,

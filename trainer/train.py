@@ -2,7 +2,7 @@
 
 `setup.open_run` assembles what it works with; the rollout loop (`rollout.py`), the GRPO math
 (`grpo.py`), the warm start (`warmstart.py`), the outputs (`report.py`, `trackers.py`), the ranks
-(`distributed.py`) and checkpoints (`checkpoint.py`) are the pieces it calls. With several
+(`distributed.py`, `fsdp.py`) and checkpoints (`checkpoint.py`) are the pieces it calls. With several
 processes every rank runs this same loop on its share of the prompts.
 """
 
@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from trainer import checkpoint, report
+from trainer import checkpoint, fsdp, report
 from trainer.backends.seeding import StepSeeds
 from trainer.config import TrainConfig
 from trainer.grpo import LossConfig, group_advantages, grpo_loss
-from trainer.model import RolloutBatch, collate, target_logprobs
+from trainer.model import RolloutBatch, collate, enable_activation_checkpointing, filler_batch, target_logprobs
 from trainer.rollout import RolloutLimits, run_rollouts
 from trainer.setup import Run
 from trainer.trackers import Trackers
@@ -39,9 +39,7 @@ async def train(run: Run, cfg: TrainConfig) -> list[dict[str, Any]]:
     warm = cfg.warm_start.steps > 0 and not cfg.resume_from
     if warm and dist.is_main:
         await run_warm_start(run, cfg, limits, out)
-    dist.broadcast_model(run.model, run.backend)  # every rank starts from rank 0's weights
-    # The KL reference is the policy GRPO starts from (the warm-started one, if any).
-    ref_model = copy.deepcopy(run.model).eval().requires_grad_(False) if cfg.loss.beta > 0 else None
+    ref_model = prepare_policy(run, cfg)
     optimizer = torch.optim.AdamW(run.model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     done, history = checkpoint.restore(cfg.resume_from, run, optimizer, ref_model, out) \
         if cfg.resume_from else (0, [])
@@ -80,19 +78,26 @@ async def train(run: Run, cfg: TrainConfig) -> list[dict[str, Any]]:
                 # normalisers, so they equal one big batch's
                 run.model.train()
                 optimizer.zero_grad(set_to_none=True)
-                for i in range(0, len(rollouts), cfg.micro_batch_size):
-                    chunk = rollouts[i : i + cfg.micro_batch_size]
-                    batch = collate(chunk, adv[i : i + len(chunk)], run.pad_id, run.device)
-                    if int(batch.mask.sum()) > 0:
-                        # Off the event loop thread: a backward pass of a real model takes long.
-                        loss, st = await asyncio.to_thread(micro_batch_backward, run.model, ref_model, batch,
-                                                           cfg, total_rollouts, total_tokens)
+                mbs = cfg.micro_batch_size
+                batches = [collate(rollouts[i : i + mbs], adv[i : i + mbs], run.pad_id, run.device)
+                           for i in range(0, len(rollouts), mbs)]
+                batches = [b for b in batches if int(b.mask.sum()) > 0]  # nothing generated: nothing to train
+                # fsdp: every pass is collective, so every rank runs as many micro-batches as the
+                # busiest one, the extra ones training on nothing (model.filler_batch)
+                fillers = dist.max(len(batches)) - len(batches) if cfg.fsdp else 0
+                passes = [(b, 1.0) for b in batches] + [(filler_batch(run.pad_id, run.device), 0.0)] * fillers
+                for batch, weight in passes:
+                    # Off the event loop thread: a backward pass of a real model takes long.
+                    loss, st = await asyncio.to_thread(micro_batch_backward, run.model, ref_model, batch,
+                                                       cfg, total_rollouts, total_tokens, weight)
+                    if weight:
                         part.loss, part.micro_batches = part.loss + loss, part.micro_batches + 1
                         part.loss_stats = {k: part.loss_stats.get(k, 0.0) + v for k, v in st.items()}
-                # 5. gradients summed over the ranks, optimizer step, weight sync: the generator
-                # must sample from the updated policy
-                dist.all_reduce_grads(run.model)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.max_grad_norm))
+                # 5. gradients summed over the ranks (fsdp: reduce-scattered during backward),
+                # optimizer step, weight sync: the generator must sample from the updated policy
+                if not cfg.fsdp:
+                    dist.all_reduce_grads(run.model)
+                grad_norm = fsdp.grad_norm(run.model, cfg.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 await asyncio.to_thread(run.backend.sync_weights, run.model)
@@ -114,10 +119,42 @@ async def train(run: Run, cfg: TrainConfig) -> list[dict[str, Any]]:
     return history
 
 
+def prepare_policy(run, cfg: TrainConfig):
+    """The policy as it trains, and the frozen KL reference (None with loss.beta 0): the same
+    weights on every rank (replicate: rank 0's broadcast; fsdp: rank 0's loaded into every rank's
+    shards, the policy's and the reference's), activation checkpointing if asked, and the
+    generation backend holding them."""
+    dist = run.dist
+    if cfg.model.activation_checkpointing:
+        enable_activation_checkpointing(run.model)
+    if not cfg.fsdp:
+        dist.broadcast_model(run.model)  # every rank starts from rank 0's weights
+        # The KL reference is the policy GRPO starts from (the warm-started one, if any).
+        ref_model = copy.deepcopy(run.model).eval().requires_grad_(False) if cfg.loss.beta > 0 else None
+        if dist.enabled:
+            run.backend.sync_weights(run.model)
+        return ref_model
+    d = cfg.distributed
+    settings = dict(device=run.device, param_dtype=cfg.compute_dtype, reduce_dtype=d.reduce_dtype or "float32",
+                    cpu_offload=d.cpu_offload)
+    # Rank 0 holds the whole model, the others a skeleton. Aliases, not the parameters themselves:
+    # sharding turns those into DTensors.
+    full = {k: v.detach() for k, v in run.model.state_dict().items()} if dist.is_main else {}
+    buffers = {k: v.detach().clone() for k, v in run.model.named_buffers()} if dist.is_main else {}
+    ref_model = fsdp.meta_skeleton(run.model) if cfg.loss.beta > 0 else None
+    fsdp.shard(run.model, full_state=full, full_buffers=buffers, **settings)
+    if ref_model is not None:
+        fsdp.shard(ref_model.requires_grad_(False), full_state=full, full_buffers=buffers, **settings).eval()
+    del full, buffers
+    run.backend.sync_weights(run.model)
+    return ref_model
+
+
 def micro_batch_backward(model, ref_model, batch: RolloutBatch, cfg: TrainConfig, total_sequences: int,
-                         total_tokens: int) -> tuple[float, dict[str, float]]:
+                         total_tokens: int, weight: float = 1.0) -> tuple[float, dict[str, float]]:
     """Stage 4 for one micro-batch: logprobs under the policy (and the reference), the clipped
-    loss, backward. Returns the loss and its statistics."""
+    loss, backward. Returns the loss and its statistics. `weight` 0 makes a pass that changes no
+    gradient but still runs every layer forward and backward (fsdp's filler micro-batches)."""
     temperature = cfg.temperature
     loss_cfg = LossConfig(cfg.loss.clip_eps_low, cfg.loss.clip_eps_high, cfg.loss.beta, cfg.loss.norm)
     old = batch.old_logp
@@ -131,5 +168,5 @@ def micro_batch_backward(model, ref_model, batch: RolloutBatch, cfg: TrainConfig
     logp = target_logprobs(model, batch.input_ids, batch.mask, temperature)
     loss, stats = grpo_loss(logp, old, batch.advantages, batch.mask, loss_cfg, ref,
                             total_sequences=total_sequences, total_tokens=total_tokens)
-    loss.backward()
+    (loss if weight == 1.0 else loss * weight).backward()
     return float(loss.detach()), stats

@@ -1,4 +1,5 @@
-"""GPU checks (skipped without CUDA): sampled logprobs agree with the training model's recompute.
+"""GPU checks (skipped without CUDA): sampled logprobs agree with the training model's recompute
+(the loop sampler, the compiled static sampler, vLLM); fsdp on one GPU with CPU offload.
 
 Tolerance: 2e-2 absolute per token in float32 on CUDA (batched KV-cache decoding vs one full
 forward differ only by kernel reduction order; bf16 would need ~1e-1).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import sys
 
 import pytest
 import torch
@@ -122,3 +124,51 @@ def test_vllm_backend_logprobs_match(tmp_path):
     sel = batch.mask.bool()
     assert (lp[sel] - batch.old_logp[sel]).abs().max().item() < TOL
     backend.sync_weights(model)  # weight push path runs
+
+
+def test_static_sampler_compiled_matches_recompute():
+    """transformers.sampler: static on CUDA, compiled (CUDA graphs): the sampled tokens' logprobs are
+    the training model's, stops are ids, a seeded row repeats alone."""
+    from tito.rollout.generation import FinishReason
+    from trainer.backends.hf import TransformersBackend
+
+    model = build_tiny_qwen3(seed=0).cuda().eval()
+    backend = TransformersBackend(model, sampler="static", compile=True, max_len=256, max_batch_size=8)
+    reqs = [GenRequest(prompt_ids=[151644, 872, 198, 9707 + i], max_new=24 + i, stop_token_ids=(151645,),
+                       temperature=[1.0, 0.7, 0.0][i % 3], seed=i) for i in range(6)]
+    results = asyncio.run(backend.generate(reqs))
+    rollouts = []
+    for req, res in zip(reqs, results):
+        assert len(res.ids) == len(res.logprobs) and res.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+        r = Rollout(budget=256)
+        r.start(req.prompt_ids)
+        r.append_generated(res.ids, res.logprobs, res.finish_reason, req.max_new)
+        rollouts.append(r)
+    for temperature in (1.0, 0.7):
+        rows = [r for r, q in zip(rollouts, reqs) if q.temperature == temperature]
+        batch = collate(rows, torch.zeros(len(rows)), pad_id=0, device="cuda")
+        with torch.no_grad():
+            lp = target_logprobs(model, batch.input_ids, batch.mask, temperature)
+        sel = batch.mask.bool()
+        assert (lp[sel] - batch.old_logp[sel]).abs().max().item() < TOL
+    (alone,) = asyncio.run(backend.generate([reqs[1]]))
+    assert alone.ids == results[1].ids
+
+
+def test_fsdp_on_one_gpu_with_cpu_offload(tmp_path):
+    """distributed.strategy: fsdp under torchrun with one process on the GPU, CPU offload, bf16 compute:
+    two steps run, the sampler's copy follows the shards (ratio ~1)."""
+    from tests.trainer.test_distributed import launch, rows, sets
+
+    out = tmp_path / "fsdp1"
+    launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+            "-m", "tests.trainer.dist_run", str(out), *sets([
+                "task.name=token_subset", "task.params={fraction: 0.5, prompt_len: 8}", "model.vocab_size=2048",
+                "model.device=cuda", "budget.context=40", "budget.per_turn=16", "budget.reserve=0",
+                "budget.max_turns=1", "num_generations=4", "prompts_per_step=2", "steps=2", "progress=false",
+                "distributed.strategy=fsdp", "distributed.cpu_offload=true", "model.activation_checkpointing=true",
+                "save_steps=1"])])
+    metrics = rows(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(abs(m["ratio_mean"] - 1) < 2e-2 for m in metrics)
+    assert (out / "checkpoints" / "step-000002" / "sharded" / ".metadata").is_file()

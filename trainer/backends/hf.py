@@ -3,6 +3,12 @@
 Our own sampling loop (not `model.generate`) so that the logprob of each sampled token is
 exactly the one under the distribution it was drawn from (logits / temperature), and so that
 stopping is on token ids only. Requests of different lengths are left-padded into one batch.
+
+Two samplers (config `transformers.sampler`): `loop` (this file: transformers' dynamic KV cache,
+per-row torch generators; the default) and `static` (static_sampler.py: a fixed-size KV cache and
+one compiled decoding step, for CUDA). The backend samples from the training model itself, or,
+when that model is sharded (fsdp), from its own whole copy that `sync_weights` fills one gathered
+parameter at a time.
 """
 
 from __future__ import annotations
@@ -46,7 +52,16 @@ class TransformersBackend:
         max_batch_size: int = 64,
         seed: int = 0,
         pad_token_id: int = 0,
+        sampler: str = "loop",
+        compile: bool = True,
+        max_len: int = 1024,
+        needs_sync: bool = False,
     ) -> None:
+        """model: what to sample from (the training model itself, or a copy to keep in sync);
+        needs_sync: its weights are not there yet (a copy made for a sharded policy), so generating
+        before the first `sync_weights` is an error rather than samples from garbage."""
+        if sampler not in ("loop", "static"):
+            raise ValueError(f"unknown sampler {sampler!r} (use 'loop' or 'static')")
         self.model = model
         self.max_batch_size = max_batch_size
         self.pad_token_id = pad_token_id
@@ -57,11 +72,31 @@ class TransformersBackend:
         # One generation at a time on the shared model (the rollout scheduler batches requests).
         self._lock = threading.Lock()
         self.tokens_generated = 0
+        self._synced = not needs_sync
+        self._static = None
+        if sampler == "static":
+            from trainer.backends.static_sampler import StaticCacheSampler
+
+            self._static = StaticCacheSampler(model, max_len=max_len, max_batch_size=max_batch_size,
+                                              pad_token_id=pad_token_id, compile=compile and self.device.type == "cuda")
 
     def sync_weights(self, model) -> None:
-        # The backend samples from the training model object itself: nothing to copy.
-        if model is not self.model:
-            self.model.load_state_dict(model.state_dict())
+        """Sample from `model`'s weights from now on. The training model itself: nothing to copy.
+        Another (a sharded policy): its tensors are gathered one at a time into this backend's copy,
+        in this copy's dtype (every rank calls this together)."""
+        if model is self.model:
+            return
+        from trainer.fsdp import full_tensors
+
+        own = self.model.state_dict()
+        dtype = next(self.model.parameters()).dtype
+        with torch.no_grad():
+            for name, tensor in full_tensors(model, dtype=dtype, device=self.device):
+                own[name].copy_(tensor)
+            own_buffers = dict(self.model.named_buffers())
+            for name, buffer in model.named_buffers():  # not in the state dict (rotary frequencies)
+                own_buffers[name].copy_(buffer)
+        self._synced = True
 
     def release_memory(self) -> None:
         pass  # it shares the training model's memory
@@ -78,11 +113,27 @@ class TransformersBackend:
         return await asyncio.to_thread(self.generate_sync, requests)
 
     def generate_sync(self, requests: list[GenRequest]) -> list[GenResult]:
+        if not self._synced:
+            raise RuntimeError("this backend samples from its own copy of a sharded model and has no weights yet: "
+                               "call sync_weights(model) first")
         out: list[GenResult] = []
         with self._lock:
             for i in range(0, len(requests), self.max_batch_size):
-                out.extend(self._generate_batch(requests[i : i + self.max_batch_size]))
+                batch = requests[i : i + self.max_batch_size]
+                if self._static is not None:
+                    out.extend(self._generate_static(batch))
+                else:
+                    out.extend(self._generate_batch(batch))
         return out
+
+    def _generate_static(self, requests: list[GenRequest]) -> list[GenResult]:
+        # Unseeded rows take a seed from the shared generator (checkpointed with it).
+        seeds = [r.seed if r.seed is not None else
+                 int(torch.randint(0, 2**62, (1,), generator=self.generator, device=self.device))
+                 for r in requests]
+        results = self._static.generate(requests, seeds)
+        self.tokens_generated += sum(len(r.ids) for r in results)
+        return results
 
     @torch.no_grad()
     def _generate_batch(self, requests: list[GenRequest]) -> list[GenResult]:

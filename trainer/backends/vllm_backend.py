@@ -7,10 +7,16 @@ distributed_executor_backend="external_launcher")` with RANK/LOCAL_RANK/WORLD_SI
 this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`). One thread steps the engine (`EngineLoop`), and
 requests join it between steps (continuous batching), so a rollout back from a tool call never
 waits for another batch to finish. After each optimizer step the training weights
-go into the engine in memory (`tito.rollout.vllm.push_weights`: one `reload_weights` call with the
-whole state dict, no disk, no second process), then its prefix cache is reset, since cached KV
-blocks were computed with the old weights. Each data-parallel rank has its own engine (tensor
-parallel size 1).
+go into the engine in memory (`tito.rollout.vllm.push_weights`: one `reload_weights` call fed by a
+generator over the state dict, no disk, no second process), then its prefix cache is reset, since
+cached KV blocks were computed with the old weights. Each data-parallel rank has its own engine
+(tensor parallel size 1). A sharded policy (fsdp) is gathered one parameter at a time as vLLM
+pulls from the generator (`trainer.fsdp.full_tensors`): no rank ever holds the whole training
+model beyond the engine's own copy; vLLM buffers at most one layer's tensors before it loads them.
+
+The engine starts from random weights (`load_format="dummy"`, only the model's config.json on
+disk) and gets the training model's weights by the same push, unless `model.path` is a folder,
+which it reads itself.
 
 Engine settings (config `vllm`): `max_num_seqs` defaults to the rollouts of one step (a larger cap
 makes every decode step pay for unused slots: 6x slower at 16 rollouts on CPU). On vLLM's CPU
@@ -100,6 +106,12 @@ def engine_model(llm) -> Any:
     return worker.model_runner.model
 
 
+def _current_cuda_device():
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -110,7 +122,7 @@ def engine_kwargs(cfg, *, seed: int, on_cpu: bool) -> dict[str, Any]:
     """`LLM(...)` keyword arguments (but the model path) for a trainer config."""
     v = cfg.vllm
     kw: dict[str, Any] = dict(
-        skip_tokenizer_init=True, seed=seed, dtype=cfg.model.dtype, enforce_eager=v.enforce_eager,
+        skip_tokenizer_init=True, seed=seed, dtype=cfg.compute_dtype, enforce_eager=v.enforce_eager,
         max_model_len=cfg.budget.context, logprobs_mode=v.logprobs_mode,
         distributed_executor_backend="external_launcher",
         # The rollouts of one step are all that is ever in flight.
@@ -232,6 +244,7 @@ class VllmBackend:
         self._lock = threading.Lock()  # the engine loop's steps, the weight push and sleep take turns
         self._loop = EngineLoop(llm, self._lock)
         self._tmp: tempfile.TemporaryDirectory | None = None
+        self.shares_process_group = False  # set by from_training_model
 
     @classmethod
     def from_training_model(cls, model, cfg, *, seed: int) -> VllmBackend:
@@ -243,14 +256,25 @@ class VllmBackend:
         os.environ.update(launcher_env(os.environ, _free_port()))
         tmp = None
         path = cfg.model.path
+        kwargs = engine_kwargs(cfg, seed=seed, on_cpu=on_cpu_platform())
         if not Path(path).is_dir():
-            # vLLM loads from disk: write the initial weights once; later syncs are in memory.
+            # vLLM reads a model folder: give it the config only and random weights, then push ours
+            # (no full write of the weights to disk; and a rank of a sharded run has none to write).
             tmp = tempfile.TemporaryDirectory(prefix="tito-vllm-")
-            model.save_pretrained(tmp.name)
+            # vLLM picks its model class from `architectures`, which save_pretrained would fill in.
+            model.config.architectures = [type(model).__name__.removeprefix("FSDP")]
+            model.config.save_pretrained(tmp.name)
             path = tmp.name
-        llm = LLM(model=str(path), **engine_kwargs(cfg, seed=seed, on_cpu=on_cpu_platform()))
+            kwargs["load_format"] = "dummy"
+        import torch.distributed as torch_dist
+
+        shares = torch_dist.is_initialized()  # the trainer's group: vLLM builds its own on top of it
+        llm = LLM(model=str(path), **kwargs)
         backend = cls(llm, sleep_level=cfg.vllm.sleep_level, model=model)
+        backend.shares_process_group = shares
         backend._tmp = tmp
+        if tmp is not None and not any(p.is_meta for p in model.parameters()):
+            backend.sync_weights(model)  # a meta skeleton (fsdp, rank > 0) gets them after sharding
         return backend
 
     async def generate(self, requests: list[GenRequest]) -> list[GenResult]:
@@ -264,8 +288,16 @@ class VllmBackend:
         return [GenResult.failed(f"vLLM: {o!r}") if isinstance(o, BaseException) else o for o in outcomes]
 
     def close(self) -> None:
-        """Stop the engine loop's thread (requests still in the engine fail)."""
+        """Stop the engine loop's thread (requests still in the engine fail). When the engine joined
+        the trainer's process group (several ranks, or fsdp), vLLM's groups are torn down here, the
+        trainer's with them: later, at exit, the engine's own cleanup would destroy subgroups of a
+        group the trainer had already destroyed, and fail."""
         self._loop.close()
+        if self.shares_process_group:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+            self.shares_process_group = False
 
     def release_memory(self) -> None:
         if self.sleep_level and not self.asleep:
@@ -274,10 +306,15 @@ class VllmBackend:
                 self.asleep = True
 
     def sync_weights(self, model) -> None:
+        """Push `model`'s weights (plain or sharded; every rank calls this together when sharded)."""
+        from trainer.fsdp import full_tensors
+
+        dtype = self.llm.llm_engine.vllm_config.model_config.dtype
+        device = None if on_cpu_platform() else _current_cuda_device()
         with self._lock:
             if self.asleep:
                 self.llm.wake_up(tags=["weights"])
-            reset = push_weights(self.llm, weights_for_vllm(model.state_dict().items()))
+            reset = push_weights(self.llm, weights_for_vllm(full_tensors(model, dtype=dtype, device=device)))
             if self.asleep:
                 self.llm.wake_up(tags=["kv_cache"])
                 self.asleep = False
