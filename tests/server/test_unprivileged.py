@@ -39,8 +39,9 @@ def _grant_traverse(path: Path) -> list[tuple[Path, int]]:
     return changed
 
 
-@pytest.fixture
-def unprivileged_server(bwrap_ok, tmp_path):
+@pytest.fixture(scope="module")
+def unprivileged_server(bwrap_ok, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("unprivileged")
     user = NOBODY if os.geteuid() == 0 else None  # an unprivileged test run is the case itself
     # The interpreter too: a virtual environment's python is a link to one that may sit in a private home.
     interpreter = Path(os.path.realpath(sys.executable)).parent
