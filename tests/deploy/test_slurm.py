@@ -1,6 +1,6 @@
 """deploy/slurm/tito.sbatch on this machine: `srun` and `scontrol` are stand-ins (srun runs the command here,
 scontrol names this host), everything else is real: make_certs.sh, a bwrap env server with TLS and a token,
-and the trainer's first two steps against it."""
+and the trainer's first step against it."""
 
 from __future__ import annotations
 
