@@ -22,6 +22,7 @@ TAG=${TITO_TASK_IMAGE_TAG:-latest}
 if [ "${TITO_SANDBOX_BACKEND:-docker}" = bwrap ]; then TARGETS=${TITO_TASK_TARGETS:-rootfs}; else TARGETS=${TITO_TASK_TARGETS:-image}; fi
 want() { [[ " $TARGETS " == *" $1 "* ]]; }
 ROOTFS_BUILD=(.venv/bin/python -m env_server.sandbox.bwrap.rootfs_build)
+[ "${TITO_FORCE_ROOTFS:-0}" = 1 ] && ROOTFS_BUILD+=(--force)
 if [ -x .venv/bin/python ]; then PIP=${TITO_PIP:-.venv/bin/python -m pip}; else PIP=${TITO_PIP:-python3 -m pip}; fi
 
 tasks=("$@")

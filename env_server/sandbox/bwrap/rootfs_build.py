@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from . import rootfs
 from .rootfs import METADATA, TREE, RootfsImage
@@ -192,17 +193,32 @@ class Builder:
                            runtime_digest=rootfs.runtime_digest() if has_runtime else "", recipe=recipe, source=source,
                            built_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
+    def _build(self, name: str, recipe: str, source: str, config: dict[str, object],
+               fill: Callable[[Path], None], parent: Path | None = None) -> Path:
+        """The image's tree, unless its recipe is built already: a staging folder (the parent's tree as hard links,
+        or empty), `fill(tree)`, the metadata, then put in place of the old one; nothing is left of a failure."""
+        final = rootfs.image_dir(self.rootfs_dir, name)
+        if self._current(name, recipe):
+            return final
+        staging = self._staging(name)
+        tree = staging / TREE
+        try:
+            if parent is not None:
+                clone_tree(parent, tree)
+            else:
+                tree.mkdir()
+            fill(tree)
+            return self._install(name, staging, self._image(name, recipe, source, tree, config))
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
     # -- base -----------------------------------------------------------------------------------------
 
     def base(self, name: str, suite: str, mirror: str, from_tar: Path | None) -> Path:
         source = f"tar {from_tar.name} {tree_digest_file(from_tar)}" if from_tar else f"debootstrap {suite} {mirror}"
-        recipe = _digest("base", source)
-        if self._current(name, recipe):
-            return rootfs.image_dir(self.rootfs_dir, name)
-        staging = self._staging(name)
-        tree = staging / TREE
-        tree.mkdir()
-        try:
+
+        def fill(tree: Path) -> None:
             if from_tar:
                 log(f"{name}: unpacking {from_tar}")
                 subprocess.run(["tar", "-C", str(tree), "--numeric-owner", "-xf", str(from_tar)], check=True)
@@ -230,10 +246,8 @@ class Builder:
                 write_new(sources, f"deb {mirror} {suite} main\n")
             python = run_in(tree, ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).strip()
             log(f"{name}: python {python}")
-            return self._install(name, staging, self._image(name, recipe, source, tree, {"env": BASE_ENV}))
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+
+        return self._build(name, _digest("base", source), source, {"env": BASE_ENV}, fill)
 
     # -- sandbox_images/python -------------------------------------------------------------------------
 
@@ -242,13 +256,9 @@ class Builder:
         config = dockerfile_config(dockerfile)
         config["env"] = {**dict(parent_meta.get("env") or {}), **config["env"]}  # type: ignore[dict-item]
         recipe = _digest("sandbox", str(parent_meta.get("recipe")), rootfs.runtime_digest(), dockerfile.read_text())
-        if self._current(name, recipe):
-            return rootfs.image_dir(self.rootfs_dir, name)
-        staging = self._staging(name)
-        tree = staging / TREE
-        try:
+
+        def fill(tree: Path) -> None:
             log(f"{name}: from {base}; the user 1000 'sandbox', /workspace, the runtime at /opt/tito")
-            clone_tree(parent, tree)
             passwd, group = tree / "etc/passwd", tree / "etc/group"
             if not re.search(r"^[^:]*:[^:]*:1000:", passwd.read_text(), re.M):
                 write_new(passwd, passwd.read_text() + "sandbox:x:1000:1000::/workspace:/usr/sbin/nologin\n")
@@ -261,45 +271,27 @@ class Builder:
             opt.mkdir(parents=True, exist_ok=True)
             for f in rootfs.runtime_files():
                 shutil.copyfile(f, opt / f.name)  # copies: the runtime's files stay writable in the checkout
-            # Byte-compiled once here, not at every sandbox start (the root is read-only then).
-            run_in(tree, ["python3", "-c", "import compileall, sys; sys.exit(not compileall.compile_dir("
-                          "'/opt/tito', quiet=1))"], writable=("/opt/tito",))
+            compile_runtime(tree)
             for p in opt.rglob("*"):
                 os.chmod(p, 0o755 if p.is_dir() else 0o444)
-            return self._install(name, staging, self._image(name, recipe, f"recipe {dockerfile}", tree, config))
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+
+        return self._build(name, recipe, f"recipe {dockerfile}", config, fill, parent)
 
     # -- sandbox_images/scientific ------------------------------------------------------------------------
 
     def scientific(self, name: str, parent_name: str, site: Path) -> Path:
         parent, parent_meta = self._parent(parent_name)
-        recipe = _digest("scientific", str(parent_meta.get("recipe")), listing_digest(site))
-        if self._current(name, recipe):
-            return rootfs.image_dir(self.rootfs_dir, name)
-        staging = self._staging(name)
-        tree = staging / TREE
-        try:
+
+        def fill(tree: Path) -> None:
             log(f"{name}: from {parent_name}; {site} at /opt/tito/scientific")
-            clone_tree(parent, tree)
             add_tree(site, tree / "opt/tito/scientific")
-            self._add_pth(tree, "tito-scientific.pth", "/opt/tito/scientific")
+            add_pth(tree, "tito-scientific.pth", "/opt/tito/scientific")
             said = run_in(tree, ["python3", "-I", "-c", "import numpy, scipy, sympy, pandas, matplotlib; "
                                  "print('scientific stack', numpy.__version__, pandas.__version__)"])
             log(f"{name}: {said.strip()}")
-            return self._install(name, staging, self._image(name, recipe, "recipe sandbox_images/scientific", tree,
-                                                            parent_meta))
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
 
-    def _add_pth(self, tree: Path, file_name: str, folder: str) -> None:
-        """A .pth in the system site-packages: importable by `python3` and by the REPL's `python3 -I` alike."""
-        site_dir = run_in(tree, ["python3", "-c", "import site; print(site.getsitepackages()[0])"]).strip()
-        target = tree / site_dir.strip("/")
-        target.mkdir(parents=True, exist_ok=True)
-        write_new(target / file_name, folder + "\n")
+        recipe = _digest("scientific", str(parent_meta.get("recipe")), listing_digest(site))
+        return self._build(name, recipe, "recipe sandbox_images/scientific", parent_meta, fill, parent)
 
     # -- sandbox_images/task -------------------------------------------------------------------------------
 
@@ -310,24 +302,17 @@ class Builder:
         if (repo / ".git").exists():
             raise BuildError(f"{repo} holds .git: its history may hold the fix; ship a plain tree")
         parent, parent_meta = self._parent(parent_name)
-        recipe = _digest("task", str(parent_meta.get("recipe")), tree_digest(context))
-        if self._current(name, recipe):
-            return rootfs.image_dir(self.rootfs_dir, name)
-        staging = self._staging(name)
-        tree = staging / TREE
-        try:
+
+        def fill(tree: Path) -> None:
             log(f"{name}: from {parent_name}; the repository at /opt/tito-task/repo")
-            clone_tree(parent, tree)
             add_tree(repo, tree / "opt/tito-task/repo")
             if site.is_dir():
                 add_tree(site, tree / "opt/tito-task/site")
             (tree / "opt/tito-task/site").mkdir(exist_ok=True)
-            self._add_pth(tree, "tito-task.pth", "/opt/tito-task/site")
-            return self._install(name, staging, self._image(name, recipe, f"recipe sandbox_images/task, {context.name}",
-                                                            tree, parent_meta))
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+            add_pth(tree, "tito-task.pth", "/opt/tito-task/site")
+
+        recipe = _digest("task", str(parent_meta.get("recipe")), tree_digest(context))
+        return self._build(name, recipe, f"recipe sandbox_images/task, {context.name}", parent_meta, fill, parent)
 
     # -- from Docker -----------------------------------------------------------------------------------------
 
@@ -340,16 +325,11 @@ class Builder:
         if inspect.returncode != 0:
             raise BuildError(f"docker image inspect {image}: {inspect.stderr.strip()}")
         info = json.loads(inspect.stdout)[0]
-        recipe = _digest("export", info["Id"], rootfs.runtime_digest())
-        if self._current(name, recipe):
-            return rootfs.image_dir(self.rootfs_dir, name)
         cfg = info.get("Config") or {}
         config = {"env": dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e), "cmd": cfg.get("Cmd") or [],
                   "workdir": cfg.get("WorkingDir") or "/workspace"}
-        staging = self._staging(name)
-        tree = staging / TREE
-        tree.mkdir()
-        try:
+
+        def fill(tree: Path) -> None:
             cid = subprocess.run([docker, "create", image], capture_output=True, text=True, check=True).stdout.strip()
             try:
                 log(f"{name}: docker export {image}")
@@ -362,13 +342,24 @@ class Builder:
             for rel in ("dev", "proc", "sys", "tmp"):
                 (tree / rel).mkdir(exist_ok=True)
             if (tree / "opt/tito").is_dir():
-                run_in(tree, ["python3", "-c", "import compileall, sys; sys.exit(not compileall.compile_dir("
-                              "'/opt/tito', quiet=1))"], writable=("/opt/tito",))
-            return self._install(name, staging, self._image(name, recipe, f"docker export {image} {info['Id'][:19]}",
-                                                            tree, config))
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+                compile_runtime(tree)
+
+        recipe = _digest("export", info["Id"], rootfs.runtime_digest())
+        return self._build(name, recipe, f"docker export {image} {info['Id'][:19]}", config, fill)
+
+
+def compile_runtime(tree: Path) -> None:
+    """Byte-compiles /opt/tito once at build time, not at every sandbox start (the root is read-only then)."""
+    run_in(tree, ["python3", "-c", "import compileall, sys; sys.exit(not compileall.compile_dir('/opt/tito', "
+                  "quiet=1))"], writable=("/opt/tito",))
+
+
+def add_pth(tree: Path, file_name: str, folder: str) -> None:
+    """A .pth in the system site-packages: importable by `python3` and by the REPL's `python3 -I` alike."""
+    site_dir = run_in(tree, ["python3", "-c", "import site; print(site.getsitepackages()[0])"]).strip()
+    target = tree / site_dir.strip("/")
+    target.mkdir(parents=True, exist_ok=True)
+    write_new(target / file_name, folder + "\n")
 
 
 def listing_digest(path: Path) -> str:
