@@ -47,18 +47,18 @@ def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
     ctx = TokenizerRegistry().register(read_tokenizer_files(build_tokenizer_dir(template=template)), {})
     tok, style = ctx.tokenizer, ctx.rules.style
     conv = msgs.head(style, {"role": "user", "content": "Compute 6*7 with Python."})
-    asst = msgs.assistant(style, [(style.call_id(1, 0), "run_python", {"code": "print(6*7)"})],
+    asst = msgs.assistant(style, [(style.call_id(1, 0, "run_python"), "run_python", {"code": "print(6*7)"})],
                           "I will run it." if style.reasoning_field else None)
     completion = ctx.encode(ctx.completion_text(conv, asst, TOOLS))
     output = "42\n"
     history = list(conv)
     for k in range(turns):
-        history += [asst, msgs.tool("run_python", style.call_id(1, 0), output)]
+        history += [asst, msgs.tool("run_python", style.call_id(1, 0, "run_python"), output)]
 
     # A 2 KB code value holding the family's own writing of a call, several times: one call must come back.
     markup = ctx.completion_text(conv, asst, TOOLS).replace('<|"|>', "'")  # Gemma 4's strings cannot hold <|"|>
     code = ("doc = " + repr(markup) + "\n") * max(1, 2048 // (len(markup) + 8))
-    heavy_turn = msgs.assistant(style, [(style.call_id(1, 0), "run_python", {"code": code})],
+    heavy_turn = msgs.assistant(style, [(style.call_id(1, 0, "run_python"), "run_python", {"code": code})],
                                 "I will run it." if style.reasoning_field else None)
     heavy = ctx.encode(ctx.completion_text(conv, heavy_turn, TOOLS))
 

@@ -285,7 +285,7 @@ def _clean_after(text: str, pos: int, syn: PythonicSyntax) -> bool:
     return True
 
 
-def parse_pythonic(syn: PythonicSyntax, text: str, tools: ToolIndex | None = None) -> Parsed:
+def parse_pythonic(syn: PythonicSyntax, text: str, tools: ToolIndex | None = None, strict: bool = False) -> Parsed:
     spans: list[tuple[int, int, int]] = []
     calls: list[RawCall] = []
     pos = 0
@@ -338,8 +338,8 @@ PYTHONIC_FAMILIES = (
 
 
 def _format(syn: PythonicSyntax) -> WireFormat:
-    return WireFormat(syn.name, lambda text, tools=None: parse_pythonic(syn, text, tools), syn.example, syn.family,
-                      bare=syn.markers is None)
+    return WireFormat(syn.name, lambda text, tools=None, strict=False: parse_pythonic(syn, text, tools, strict),
+                      syn.example, syn.family, bare=syn.markers is None)
 
 
 FORMATS = tuple(_format(syn) for syn in PYTHONIC_FAMILIES)

@@ -51,7 +51,7 @@ def test_two_rounds_and_an_answer_are_token_exact(stub, template):
         assert ours == _expected(ctx, conv, tools)  # the prompt is the template's own render, with the tools
         codes = ["x = 6 * 7\nprint('it\\'s', x)", "42"]  # the second looks like a number: it must stay a string
         for seq, code in enumerate(codes, start=1):
-            turn = msgs.assistant(style, [(style.call_id(seq, 0), "run_python", {"code": code})],
+            turn = msgs.assistant(style, [(style.call_id(seq, 0, "run_python", seq - 1), "run_python", {"code": code})],
                                   "Let me compute." if style.reasoning_field else None)
             completion = ctx.encode(ctx.completion_text(conv, turn, tools))
             r = stub.Step(pb.StepRequest(session_id=sid, seq=seq, completion_ids=completion), timeout=120)
@@ -78,7 +78,7 @@ def test_deepseek_v3_later_rounds_get_their_own_suffix_shape(stub):
     try:
         assert list(opened.prompt_ids) == _expected(ctx, conv, tools)
         for seq, code in enumerate(["print(6 * 7)", "print(7 * 6)", "print(42)"], start=1):
-            turn = msgs.assistant(style, [(style.call_id(seq, 0), "run_python", {"code": code})], None)
+            turn = msgs.assistant(style, [(style.call_id(seq, 0, "run_python", seq - 1), "run_python", {"code": code})], None)
             completion = ctx.encode(ctx.completion_text(conv, turn, tools))
             r = stub.Step(pb.StepRequest(session_id=sid, seq=seq, completion_ids=completion), timeout=120)
             assert r.status == pb.STEP_STATUS_OK, r.detail
