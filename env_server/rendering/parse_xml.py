@@ -80,9 +80,10 @@ class _Reader:
     def __init__(self, syn: TagSyntax, text: str, tools: ToolIndex | None, strict: bool = False) -> None:
         self.syn, self.text, self.tools, self.strict = syn, text, tools or {}, strict
         # Not strict, a parameter the tool does not declare is read where its schema allows more (the deployment
-        # parser reads any); and for a block with no reading by the grammar, a value the next parameter's tag
-        # closes (`lenient`, the deployment parser's reading).
+        # parser reads any); and for a block with no reading by the grammar, a value the tag of a parameter the tool
+        # declares closes (`lenient`, the deployment parser's reading).
         self.lenient = False
+        self._rest: dict[int, bool] = {}  # position -> whether the text from there reads (rest_reads)
         self.opener, self.markup, self.tags = _SYNTAX_TAGS[syn.name]
         self.split_at = re.compile(re.escape(syn.param_close) + r"\s*")
         self.closers = tuple(c for c in (syn.param_close, syn.call_close, syn.wrap[1] if syn.wrap else None) if c)
@@ -143,6 +144,10 @@ class _Reader:
         return ""
 
 
+    def declares(self, name: str, key: str) -> bool:
+        declared = self.tools.get(name)
+        return not declared or key in declared
+
     def params(self, name: str, pos: int, args: dict[str, str], repairs: tuple[str, ...]
                ) -> Iterator[tuple[dict[str, str], int, tuple[str, ...]]]:
         syn, text = self.syn, self.text
@@ -174,7 +179,8 @@ class _Reader:
                 kind, tag, line = unclosed
                 self.fail(m.end(), f"the parameter {key!r} of {name} was not closed with {syn.param_close} before "
                                    f"{tag!r}")
-                if self.lenient and syn.next_param_closes and kind == "param" and syn.param_close not in value[:line]:
+                if (self.lenient and syn.next_param_closes and kind == "param" and syn.param_close not in value[:line]
+                        and self.declares(name, syn.param_open.match(tag)[1].strip())):
                     cut = m.end() + line  # the closing tag was forgotten: the next parameter's tag closes the value
                     closed = f"closed {m[0].strip()} with {syn.param_close} before {tag}"
                     yield from self.params(name, cut, {**args, key: _unframe(text[m.end():cut], syn.frame)},
@@ -227,16 +233,35 @@ class _Reader:
         return True
 
     def reading(self, start: int) -> tuple[list[RawCall], int] | None:
-        """The block's first reading after which the text is clean, else its first reading, else None."""
+        """The block's first reading after which the rest of the text reads, else its first reading, else None."""
         first = None
         for k, (found, end) in enumerate(self.block(start)):
             if first is None:
                 first = (found, end)
-            if self.clean_after(end):
+            if self.rest_reads(end):
                 return found, end
             if k + 1 >= _MAX_ALTERNATIVES:
                 break
         return first
+
+    def rest_reads(self, pos: int) -> bool:
+        """Whether the text after ``pos`` reads: no closing tag outside a block (what a cut inside a value leaves
+        behind: the value's own later markup, then its real closing tags), and each later block has a reading
+        after which the rest reads too (a later call's value may hold closing tags of its own)."""
+        if pos not in self._rest:
+            nxt = self.opener.search(self.text, pos)
+            stop = nxt.start() if nxt else len(self.text)
+            if any(m.lastgroup.startswith("close") for m in self.tags.finditer(self.text, pos, stop)):
+                self._rest[pos] = False
+            elif nxt is None:
+                self._rest[pos] = True
+            else:
+                self._rest[pos] = False  # (a block whose readings lead back here reads no further)
+                failure = self.failure
+                self._rest[pos] = any(self.rest_reads(end) for _, (_, end) in
+                                      zip(range(_MAX_ALTERNATIVES), self.block(nxt.start())))
+                self.failure = failure
+        return self._rest[pos]
 
     def read(self) -> tuple[str, list[RawCall]]:
         text, spans, calls, pos = self.text, [], [], 0
@@ -246,9 +271,9 @@ class _Reader:
             self.lenient = False
             first = self.reading(start)
             if first is None and not self.strict:
-                failure, self.lenient = self.failure, True
+                failure, self.lenient, self._rest = self.failure, True, {}
                 first = self.reading(start)
-                self.failure, self.lenient = failure, False  # a block that does not read: the grammar's message
+                self.failure, self.lenient, self._rest = failure, False, {}  # unread: the grammar's message
             if first is None:
                 message = self.failure[1] or f"the tool call does not read: {short(text[start:], 80)!r}"
                 first = ([RawCall(_name_at(self.syn, text, start), "", f"{message}; write {self.syn.example}")],

@@ -56,6 +56,8 @@ class Wire:
     cut: str = ""  # what the model is told about a call cut by the length limit (default: ``message``)
     prose: bool = True  # the format has free text around its calls (harmony's channels do not)
     quote: str = ""  # a string delimiter with no escape (Gemma 4's <|"|>): a value cannot hold it
+    # the quote a template writes string values in without escaping them (LFM2.5, OLMo 3, Llama 4 pythonic)
+    raw_quote: str = ""
     # how the model writes the calls where its template writes them otherwise (Llama 4's template writes raw,
     # unescaped "%s" strings; the model writes Python, which is what vLLM's llama4_pythonic parser reads)
     as_model: Callable[[Calls], str] | None = None
@@ -109,9 +111,9 @@ WIRES: dict[str, Wire] = {
     "arg_kv": Wire(_drop_first("</arg_value>"), "was not closed with </arg_value>",
                    lambda t: t.replace("\n", "")),  # GLM-4.7's newline-free form
     "pythonic": Wire(_drop_last(")"), "do not parse", _spaced_pythonic),
-    "pythonic_raw": Wire(_drop_last(")"), "do not parse", _spaced_pythonic),
-    "olmo": Wire(_drop_last(")"), "do not parse", lambda t: t.replace("(", "( ").replace(")", " )")),
-    "pythonic_list": Wire(_drop_last(")"), "do not parse", _spaced_pythonic,
+    "pythonic_raw": Wire(_drop_last(")"), "do not parse", _spaced_pythonic, raw_quote="'"),
+    "olmo": Wire(_drop_last(")"), "do not parse", lambda t: t.replace("(", "( ").replace(")", " )"), raw_quote="'"),
+    "pythonic_list": Wire(_drop_last(")"), "do not parse", _spaced_pythonic, raw_quote='"',
                           as_model=lambda calls: "[" + ", ".join(
                               f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})" for n, a in calls) + "]"),
 }

@@ -156,7 +156,7 @@ def run_template(name: str) -> Row:
     rules = ctx.rules
     stops = ", ".join(f"`{s}`" for s in rules.stop_tokens)
     boundary = f"call turn ends `{rules.boundary}`" + (" (opens the results)" if rules.opens_results else "")
-    row = Row(name, "accepted", rules.name, rules.wire, f"{stops}; {boundary}", "; ".join(rules.notes))
+    row = Row(name, "accepted", rules.name, rules.wire, f"{stops}; {boundary}", "; ".join(rules.notes + notes(ctx)))
     for case, run in CASES.items():
         try:
             out = run(ctx)
@@ -164,6 +164,26 @@ def run_template(name: str) -> Row:
         except AssertionError as e:
             raise AssertionError(f"{name}: case {case!r} failed after registration accepted it: {e}") from e
     return row
+
+
+def notes(ctx: RenderingContext) -> tuple[str, ...]:
+    """What registration found about a template beyond its family, for the table."""
+    rules, out = ctx.rules, []
+    if ctx.template.mutates:
+        out.append(f"transformers' sandbox refuses its list .{'/.'.join(ctx.template.mutates)}: rendered by tito's engine "
+                   "with list methods allowed (rendering/jinja_engine.py)")
+    if rules.style.ids == "kimi":
+        out.append("writes call ids, not names: tito's ids are functions.NAME:IDX")
+    if ctx.counts_calls:
+        out.append("numbers calls across the conversation: suffixes rendered after as many calls")
+    if rules.rerenders_call_turn:
+        out.append("renders the call turn otherwise once results follow: the suffix follows its end token as past "
+                   "turns render it")
+    if rules.boundary_closes_calls:
+        out.append(f"{rules.boundary} closes the calls and ends the model's turn; the results follow inside it")
+    if rules.style.tools_in_synthetic:
+        out.append("renders the conversation otherwise without tools: synthetic renders carry one")
+    return tuple(out)
 
 
 def _short_reason(message: str) -> str:
@@ -209,6 +229,25 @@ def markdown(rows: list[Row]) -> str:
         "Several calls in one turn run in order, except where the template renders one call per assistant message",
         "(Llama 3.1/3.2's templates raise on a second call, gpt-oss's renders the first): there the first call runs",
         "and each further one gets a tool message saying the format allows one call per turn.",
+        "",
+        "**Render engine.** Every template renders through transformers' own Jinja environment (what",
+        "`apply_chat_template` and vLLM use), at registration and at every Step alike. A template that calls a",
+        "method changing a list it builds (`.append`, `.pop`: llama.cpp's Kimi K2 Instruct and Thinking copies, made",
+        "for llama.cpp's engine) is refused by transformers' sandbox (`SecurityError`), so neither transformers nor",
+        "vLLM can render it; tito renders it with the same environment's configuration in jinja2's",
+        "`SandboxedEnvironment`, which allows those methods and nothing else more, on copies of its inputs",
+        "(`env_server/rendering/jinja_engine.py`; noted in the table).",
+        "",
+        "**Parsing.** By default a call is read as the family's deployment parser (vLLM's) reads it where the",
+        "format's grammar does not allow it: a Hermes `<tool_call>` left open at the end of the output, a",
+        "Qwen3-Coder `</parameter>` missing before the next parameter, a parameter the tool does not declare where",
+        "its schema allows more (`additionalProperties`, true unless it says false: tito's own tools say false);",
+        "`null` written for a string parameter stays the string. Each repair is listed in the Step's `detail`.",
+        "`parsing.strict: true` (server config, `TITO_PARSING__STRICT`) or `OpenSessionRequest.parsing_strict`",
+        "answers them with the grammar's error messages instead. The three templates that write string values",
+        "unescaped (LFM2.5's, OLMo 3's, Llama 4's pythonic) cannot carry a value holding a backslash or their own quote",
+        "character: that text is valid Python meaning another value, which vLLM's parsers (and tito's) read as",
+        "Python, the way the models write calls (`tests/rendering/test_call_properties.py`).",
         "",
         f"{len(accepted)} accepted, {sum(r.verdict == 'refused' for r in rows)} refused, "
         f"{sum(r.verdict == 'skipped' for r in rows)} skipped.",
