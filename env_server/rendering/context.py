@@ -192,15 +192,23 @@ class RenderingContext:
         return renders[0] != renders[1]
 
     def _earlier_rounds(self, calls: int) -> list[dict]:
-        """Finished tool rounds holding ``calls`` calls, for templates whose later rounds render otherwise."""
-        style, out = self.rules.style, []
-        for i in range(calls):
-            call = (style.call_id(1, 0, "lookup", i), "lookup", {})
-            out += [msgs.assistant(style, [call], self._reasoning), msgs.tool("lookup", call[0], "r")]
-        return out
+        """Finished tool rounds holding ``calls`` calls, for templates whose later rounds render otherwise: one turn
+        with all of them where the template renders several calls per turn (fewer messages to render), else one
+        round per call."""
+        style = self.rules.style
+        ids = [style.call_id(1, i, "lookup", 0) for i in range(calls)]
+        if not ids:
+            return []
+        if self.rules.max_calls_per_turn is None:
+            return [msgs.assistant(style, [(i, "lookup", {}) for i in ids], self._reasoning),
+                    *(msgs.tool("lookup", i, "r") for i in ids)]
+        return [m for i in ids for m in (msgs.assistant(style, [(i, "lookup", {})], self._reasoning),
+                                         msgs.tool("lookup", i, "r"))]
 
     def _probe_suffix(self, earlier_calls: int) -> str:
-        call = ToolCall(self.rules.style.call_id(0, 0, "lookup", earlier_calls), "lookup", "{}")
+        """The suffix of one call after ``earlier_calls`` synthetic ones (the call's own id fixed, so that only
+        the earlier rounds differ)."""
+        call = ToolCall(self.rules.style.call_id(0, 0, "lookup", 99), "lookup", "{}")
         return self._suffix_after([call], [msgs.tool("lookup", call.id, "r")], earlier_calls)
 
     def _rounds_differ(self) -> bool:

@@ -104,6 +104,9 @@ def _python_calls(body: str, syn: PythonicSyntax, tools: ToolIndex | None) -> li
     return calls
 
 
+_ONE_LITERAL = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'', re.S)
+
+
 def _concatenated(source: str, node: ast.AST) -> bool:
     """Whether a string value is written as several adjacent literals (``"" "x"``), which Python joins. No model
     writes that in a call, but a template that writes strings unescaped does, for a value holding its quote:
@@ -111,6 +114,8 @@ def _concatenated(source: str, node: ast.AST) -> bool:
     if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
         return False
     segment = ast.get_source_segment(source, node) or ""
+    if _ONE_LITERAL.fullmatch(segment):  # the common case, at regex speed
+        return False
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(segment).readline))
     except (tokenize.TokenError, SyntaxError):

@@ -10,6 +10,7 @@ there for the one kind of template that gets its mutation-permitting variant).
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from transformers.utils.chat_template_utils import (
@@ -78,8 +79,11 @@ class ChatTemplate:
         """The template's text for an already-sanitized conversation."""
         variables = dict(self._vars, messages=messages, tools=tools or None, documents=None,
                          add_generation_prompt=generation_prompt)
-        if self.mutates:
-            variables = copy.deepcopy(variables)
+        if self.mutates:  # JSON data (sanitized messages, tool specs, JSON kwargs): a JSON round trip copies it fastest
+            try:
+                variables = json.loads(json.dumps(variables))
+            except (TypeError, ValueError):
+                variables = copy.deepcopy(variables)
         return self._template.render(**variables)
 
     def sanitize(self, obj: Any) -> Any:
