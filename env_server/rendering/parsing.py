@@ -39,8 +39,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from json.decoder import scanstring
 
-from .values import ToolIndex
-
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
 
