@@ -35,7 +35,8 @@ from tito_assets.qwen_tokenizer import build_tokenizer_dir  # noqa: E402
 FAMILIES = ("qwen2_5,qwen3,qwen3_instruct_2507,qwen3_6,nemotron_3_nano,glm4moe,gemma4,gemma4_v2,lfm2_2_5,lfm2_v2,"
             "llama3_1,gptoss,muse_glimmer,deepseekv3,"
             "kimi_k2,minimax_m2,minimax_m1,mistral_nemo,mistral_small_3_2,devstral_small,ministral_3,seed_oss,"
-            "llama4_json,llama4_pythonic,olmo3,xlam_qwen,qwen2_5_coder,internlm2,qwen3_coder,granite_4_0")
+            "llama4_json,llama4_pythonic,olmo3,xlam_qwen,qwen2_5_coder,internlm2,qwen3_coder,granite_4_0,"
+            "kimi_k2_ids,kimi_k2_instruct,kimi_k2_thinking,phi4_mini,nemotron_nano_v2,apertus,muse_glimmer_vllm")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -47,18 +48,18 @@ def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
     ctx = TokenizerRegistry().register(read_tokenizer_files(build_tokenizer_dir(template=template)), {})
     tok, style = ctx.tokenizer, ctx.rules.style
     conv = msgs.head(style, {"role": "user", "content": "Compute 6*7 with Python."})
-    asst = msgs.assistant(style, [(style.call_id(1, 0), "run_python", {"code": "print(6*7)"})],
+    asst = msgs.assistant(style, [(style.call_id(1, 0, "run_python"), "run_python", {"code": "print(6*7)"})],
                           "I will run it." if style.reasoning_field else None)
     completion = ctx.encode(ctx.completion_text(conv, asst, TOOLS))
     output = "42\n"
     history = list(conv)
     for k in range(turns):
-        history += [asst, msgs.tool("run_python", style.call_id(1, 0), output)]
+        history += [asst, msgs.tool("run_python", style.call_id(1, 0, "run_python"), output)]
 
     # A 2 KB code value holding the family's own writing of a call, several times: one call must come back.
     markup = ctx.completion_text(conv, asst, TOOLS).replace('<|"|>', "'")  # Gemma 4's strings cannot hold <|"|>
     code = ("doc = " + repr(markup) + "\n") * max(1, 2048 // (len(markup) + 8))
-    heavy_turn = msgs.assistant(style, [(style.call_id(1, 0), "run_python", {"code": code})],
+    heavy_turn = msgs.assistant(style, [(style.call_id(1, 0, "run_python"), "run_python", {"code": code})],
                                 "I will run it." if style.reasoning_field else None)
     heavy = ctx.encode(ctx.completion_text(conv, heavy_turn, TOOLS))
 
@@ -68,7 +69,7 @@ def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
         parsed = ctx.parse_completion(completion, seq=1, tools=TOOLS)
         c1 = time.thread_time()
         results = [Message.tool_result(c, output) for c in parsed.tool_calls]
-        ctx.render_suffix(parsed.tool_calls, results, budget, later_round=turns > 0)
+        ctx.render_suffix(parsed.tool_calls, results, budget, later_round=turns > 0, calls_before=turns)
         cpu.append((time.thread_time() - c0) * 1e3)
         parse_cpu.append((c1 - c0) * 1e3)
         ours.append((time.perf_counter() - t0) * 1e3)
@@ -83,7 +84,10 @@ def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
     for _ in range(max(50, steps // 10)):
         t0 = time.perf_counter()
         tok.decode(completion)  # what a re-tokenizing stack does: decode, re-render, re-tokenize
-        tok.apply_chat_template(history, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if ctx.template.mutates:  # transformers' sandbox refuses it (list.append): one render through tito's engine
+            ctx.render_conversation(history, TOOLS, add_generation_prompt=True)
+        else:
+            tok.apply_chat_template(history, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False)
         base.append((time.perf_counter() - t0) * 1e3)
     return {"template": template, "family": ctx.family, "p50": statistics.median(ours), "p99": pct(ours, 0.99),
             "cpu_p50": statistics.median(cpu), "cpu_p99": pct(cpu, 0.99), "parse_p50": statistics.median(parse_cpu),

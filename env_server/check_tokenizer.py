@@ -51,7 +51,7 @@ def report(ctx: RenderingContext) -> None:
         print(f"note:          {note}")
     style = rules.style
     conv = msgs.head(style, {"role": "user", "content": "What is 6 times 7?"})
-    turn = msgs.assistant(style, [(style.call_id(1, 0), *_SAMPLE)],
+    turn = msgs.assistant(style, [(style.call_id(1, 0, _SAMPLE[0]), *_SAMPLE)],
                           msgs.SYNTHETIC_REASONING if style.reasoning_field else None)
     completion = ctx.encode(ctx.completion_text(conv, turn, PROBE_TOOLS))
     _show("sample call turn", ctx, completion)
@@ -80,7 +80,7 @@ def realistic_outputs(ctx: RenderingContext) -> list[tuple[str, str]]:
     reasoning = msgs.SYNTHETIC_REASONING if style.reasoning_field else None
 
     def written(calls, content: str = "") -> str:
-        turn = msgs.assistant(style, [(style.call_id(2, i), n, a) for i, (n, a) in enumerate(calls)], reasoning,
+        turn = msgs.assistant(style, [(style.call_id(2, i, n), n, a) for i, (n, a) in enumerate(calls)], reasoning,
                               content)
         try:
             return ctx.completion_text(conv, turn, PROBE_TOOLS)

@@ -58,6 +58,20 @@ class AuthConfig(BaseModel):
     )
 
 
+class ParsingConfig(BaseModel):
+    """How tool calls are read from completions (env_server/rendering/parsing.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strict: bool = Field(
+        False,
+        description="Answer what the family's deployment parser (vLLM's) reads leniently but the format's grammar "
+        "does not allow (a Hermes <tool_call> left open at the end of the output, a Qwen3-Coder </parameter> missing "
+        "before the next parameter, a parameter the tool does not declare where its schema allows more) with an "
+        "error tool message instead of running the repaired call. A session may choose with "
+        "OpenSessionRequest.parsing_strict.")
+
+
 def is_loopback(host: str) -> bool:
     if host.strip("[]").lower() == "localhost":
         return True
@@ -114,6 +128,7 @@ class ServerConfig(BaseSettings):
                                description="Limits of the repository a `coding` session sends (env_args files, hidden_files).")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
+    parsing: ParsingConfig = Field(default_factory=ParsingConfig)
     tls: TlsConfig = Field(default_factory=TlsConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     allow_insecure: bool = Field(

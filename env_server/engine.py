@@ -110,8 +110,11 @@ class Engine:
                 )
             env = await self._start_environment(env_cls, env_args, pool)
             session_id = env.sandbox.session_id if env.sandbox is not None else new_session_id()
+            strict = self.config.parsing.strict if request.parsing_strict is None else request.parsing_strict
+            episode = Episode(session_id, env, renderer, self.metrics, strict_parsing=strict,
+                              history_calls=sum(len(m.tool_calls) for m in request.messages))
             self.sessions.add(Session(
-                id=session_id, env_name=env_cls.name, episode=Episode(session_id, env, renderer, self.metrics),
+                id=session_id, env_name=env_cls.name, episode=episode,
                 idle_ttl_s=self.config.idle_ttl_s, hard_ttl_s=self.config.hard_ttl_s,
             ))
         self.metrics.sessions_opened.labels(env_cls.name).inc()

@@ -37,7 +37,7 @@ class Episode:
     """Owns a session's step lifecycle. Steps of one session run one at a time (the sandbox is stateful)."""
 
     def __init__(self, session_id: str, env: Environment, renderer: RenderingContext | None,
-                 metrics: ServerMetrics) -> None:
+                 metrics: ServerMetrics, history_calls: int = 0, strict_parsing: bool = False) -> None:
         self.session_id = session_id
         self.env = env
         self.renderer = renderer
@@ -46,6 +46,10 @@ class Episode:
         self.metrics = metrics
         self.done = False
         self.tool_calls_made = 0
+        self.history_calls = history_calls  # tool calls in the opening messages (Kimi's templates number all calls)
+        # Strict: what the deployment parser reads leniently gets an error message (the session's parsing_strict,
+        # else the server's parsing.strict).
+        self.strict_parsing = strict_parsing
         self.tool_turns = 0  # turns that called tools (the environment's turn_limit counts these)
         self.settled_at = time.monotonic()  # when the last step finished: the idle lease counts from here
         # The last answered (or running) seq and its answer: a retry of it replays the answer.
@@ -118,7 +122,8 @@ class Episode:
 
     async def _run_turn(self, turn: StepRequest) -> StepResult:
         started = time.perf_counter()
-        calls, final_text = self._calls_of(turn)
+        calls_before = self.history_calls + self.tool_calls_made
+        calls, final_text, repairs = self._calls_of(turn, calls_before)
         parsed_at = time.perf_counter()
         if not calls:
             self.done = True
@@ -146,8 +151,11 @@ class Episode:
             # The last turn the environment allows: the episode ends, scored as if the model had ended it.
             result = await self._end(dataclasses.replace(result, status=StepStatus.EPISODE_END), "")
         elif self.renderer is not None:
-            result = await self._with_suffix(result, turn.max_suffix_tokens)
+            result = await self._with_suffix(result, turn.max_suffix_tokens, calls_before)
         self.done = result.done
+        if repairs:  # for the rollout's record: the calls ran as the deployment parser reads them
+            note = "parser repairs (read as the deployment parser reads them): " + "; ".join(repairs)
+            result = dataclasses.replace(result, detail=f"{result.detail}; {note}" if result.detail else note)
         return dataclasses.replace(result, timing=_timing(started, parsed_at, tools_done, time.perf_counter()))
 
     async def _end(self, result: StepResult, final_text: str) -> StepResult:
@@ -159,8 +167,8 @@ class Episode:
                                        detail=f"the environment could not end the episode: {end.lost_reason}")
         return dataclasses.replace(result, status=StepStatus.EPISODE_END, reward=end.reward, detail=end.content)
 
-    def _calls_of(self, turn: StepRequest) -> tuple[list[ToolCall], str]:
-        """The turn's tool calls (ids assigned, malformed ones marked) and its final text."""
+    def _calls_of(self, turn: StepRequest, calls_before: int) -> tuple[list[ToolCall], str, list[str]]:
+        """The turn's tool calls (ids assigned, malformed ones marked), its final text and the parser's repairs."""
         if not turn.completion_ids:
             calls = [
                 dataclasses.replace(
@@ -169,7 +177,7 @@ class Episode:
                 )
                 for i, c in enumerate(turn.tool_calls)
             ]
-            return calls, turn.assistant_content
+            return calls, turn.assistant_content, []
         if self.renderer is None:
             raise RequestError(
                 ErrorKind.FAILED_PRECONDITION,
@@ -177,7 +185,8 @@ class Episode:
                 "(RegisterTokenizer), or send parsed tool_calls instead",
             )
         try:
-            parsed = self.renderer.parse_completion(list(turn.completion_ids), seq=turn.seq, tools=self._tool_specs)
+            parsed = self.renderer.parse_completion(list(turn.completion_ids), seq=turn.seq, tools=self._tool_specs,
+                                                    calls_before=calls_before, strict=self.strict_parsing)
         except ValueError as e:
             raise RequestError(ErrorKind.INVALID_ARGUMENT, f"completion_ids: {e}") from e
         if not parsed.stopped:
@@ -188,7 +197,7 @@ class Episode:
                 "so its tool calls are not run. A turn cut by length ends the rollout as truncated; "
                 "send the ids exactly as generated, stop token included",
             )
-        return list(parsed.tool_calls), parsed.content
+        return list(parsed.tool_calls), parsed.content, parsed.repairs
 
     async def _run_calls(self, calls: list[ToolCall]) -> list[ToolResult]:
         """One sandbox per session: parallel calls run in order; none runs after the sandbox is lost."""
@@ -209,10 +218,10 @@ class Episode:
             results.append(result)
         return results
 
-    async def _with_suffix(self, result: StepResult, budget: int | None) -> StepResult:
+    async def _with_suffix(self, result: StepResult, budget: int | None, calls_before: int) -> StepResult:
         assert self.renderer is not None
         render = functools.partial(self.renderer.render_suffix, result.tool_calls, result.tool_messages, budget,
-                                   later_round=result.seq > 1)
+                                   later_round=calls_before > 0, calls_before=calls_before)
         big = sum(len(m.content) for m in result.tool_messages) > _OFFLOAD_RENDER_CHARS
         suffix = await asyncio.to_thread(render) if big else render()
         if suffix.overflow:

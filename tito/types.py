@@ -230,15 +230,17 @@ class OpenSessionRequest:
     messages: tuple[Message, ...] = ()
     env_args_json: str = ""  # a JSON object, validated by the environment (empty: none)
     client_request_id: str = ""  # idempotency key: a retried OpenSession returns the same session
+    parsing_strict: bool | None = None  # None: the server's parsing.strict
 
     @classmethod
     def build(cls, environment: str, messages: Any = (), *, fingerprint: str = "",
-              env_args: Mapping[str, Any] | None = None, client_request_id: str = "") -> OpenSessionRequest:
+              env_args: Mapping[str, Any] | None = None, client_request_id: str = "",
+              parsing_strict: bool | None = None) -> OpenSessionRequest:
         """From OpenAI-style dicts or Messages and an env_args mapping."""
         return cls(environment=environment, tokenizer_fingerprint=fingerprint,
                    messages=tuple(Message.coerce(m) for m in messages),
                    env_args_json=json.dumps(dict(env_args)) if env_args else "",
-                   client_request_id=client_request_id)
+                   client_request_id=client_request_id, parsing_strict=parsing_strict)
 
 
 @dataclass(frozen=True)

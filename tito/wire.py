@@ -77,14 +77,15 @@ def register_request_from_pb(r: pb.RegisterTokenizerRequest) -> RegisterTokenize
 def open_request_to_pb(r: OpenSessionRequest) -> pb.OpenSessionRequest:
     return pb.OpenSessionRequest(environment=r.environment, tokenizer_fingerprint=r.tokenizer_fingerprint,
                                  messages=[message_to_pb(m) for m in r.messages], env_args=r.env_args_json,
-                                 client_request_id=r.client_request_id)
+                                 client_request_id=r.client_request_id, parsing_strict=r.parsing_strict)
 
 
 def open_request_from_pb(r: pb.OpenSessionRequest) -> OpenSessionRequest:
     """Raises ValueError for a message with an unknown role."""
     return OpenSessionRequest(environment=r.environment, tokenizer_fingerprint=r.tokenizer_fingerprint,
                               messages=tuple(message_from_pb(m, i) for i, m in enumerate(r.messages)),
-                              env_args_json=r.env_args, client_request_id=r.client_request_id)
+                              env_args_json=r.env_args, client_request_id=r.client_request_id,
+                              parsing_strict=r.parsing_strict if r.HasField("parsing_strict") else None)
 
 
 def step_request_to_pb(r: StepRequest) -> pb.StepRequest:

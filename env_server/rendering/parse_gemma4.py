@@ -67,7 +67,7 @@ def _gemma4_blocks(text: str) -> list[tuple[int, int, int]]:
     return out
 
 
-def parse_gemma4(text: str, tools: ToolIndex | None = None) -> Parsed:
+def parse_gemma4(text: str, tools: ToolIndex | None = None, strict: bool = False) -> Parsed:
     content, calls = read_blocks(text, _G_OPEN, _G_CLOSE, _G_EXAMPLE, lambda body: _gemma4_call(body, tools),
                                  spans=_gemma4_blocks(text))
     return content, None, calls

@@ -42,7 +42,7 @@ def _call(name: str, text: str, at: int, tools: ToolIndex | None) -> tuple[RawCa
                                       f"{short(text[end:stop.start()], 60)!r}; write {_EXAMPLE}"), stop.end()
 
 
-def parse_harmony(text: str, tools: ToolIndex | None = None) -> Parsed:
+def parse_harmony(text: str, tools: ToolIndex | None = None, strict: bool = False) -> Parsed:
     reasoning: list[str] = []
     content: list[str] = []
     calls: list[RawCall] = []

@@ -9,7 +9,8 @@ boundary, and never a second call. Two shapes, each a table of families:
   ``hermes`` (Qwen2.5/3 ``<tool_call>...</tool_call>``), ``qwen_coder`` (``<tools>``), ``internlm2``
   (``<|action_start|><|plugin|>``), ``minimax_m1`` (``<tool_calls>``, one object per line),
   ``nemotron_json`` (``<TOOLCALL>[...]</TOOLCALL>``), ``granite`` (``<|tool_call|>[...]``), ``mistral_v3``
-  (``[TOOL_CALLS][...]``, with the model's 9-character ``"id"``), ``phi4`` (``functools[...]``), and
+  (``[TOOL_CALLS][...]``, with the model's 9-character ``"id"``), ``phi4`` (``functools[...]``, and the
+  bare objects its template writes for past calls), and
   the bare ones, found after prose too: ``llama3`` (``{"name", "parameters"}``, optionally after
   ``<|python_tag|>``; Llama 4 writes several back to back) and ``json_list`` (xLAM's ``[{...}]``).
 - ``NamedCalls``: a marker, the name, a separator, the arguments object: ``deepseek``
@@ -24,6 +25,7 @@ Gemma 4's JSON dialect is read in parse_gemma4.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -86,6 +88,9 @@ class JsonCalls:
     arg_keys: tuple[str, ...] = ("arguments", "parameters")
     name_is_key: bool = False  # {"NAME": {arguments}} (Apertus)
     fences: tuple[str, ...] = ()  # a bare region may sit in a Markdown fence (```json ... ```)
+    # Not strict: a region left open at the end of the output is read, as the family's deployment parser does
+    # (vLLM's hermes reads `<tool_call>(.*)` to the end).
+    open_at_end: bool = False
 
 
 def _written_id(fields: dict[str, tuple[Any, str]]) -> str:
@@ -170,7 +175,7 @@ def _next_region(text: str, pos: int, fmt: JsonCalls) -> tuple[int, int] | None:
     return best
 
 
-def parse_json_calls(fmt: JsonCalls, text: str, tools: ToolIndex | None = None) -> Parsed:
+def parse_json_calls(fmt: JsonCalls, text: str, tools: ToolIndex | None = None, strict: bool = False) -> Parsed:
     spans: list[tuple[int, int, int]] = []
     calls: list[RawCall] = []
     pos = 0
@@ -179,16 +184,20 @@ def parse_json_calls(fmt: JsonCalls, text: str, tools: ToolIndex | None = None) 
         try:
             found, end = _values(text, at, fmt, tools)
         except ValueError as e:
-            found, end = [RawCall("", "", f"{e}; write {fmt.example}")], _region_end(text, at, fmt)
+            found, end = [RawCall("", "", f"{e}; write {fmt.example}")], _region_end(text, at, fmt, at > start)
         else:
             if not found:
                 found = [RawCall("", "", f"the tool call after {text[start:at]} is not valid JSON (a call starts with "
                                          f"'{{'): {short(text[at:].strip(), 80)!r}; write {fmt.example}")]
-                end = _region_end(text, at, fmt)
+                end = _region_end(text, at, fmt, at > start)
             elif fmt.close:
                 close_at = _WS.match(text, end).end()
                 if text.startswith(fmt.close, close_at):
                     end = close_at + len(fmt.close)
+                elif close_at == len(text) and fmt.open_at_end and not strict:
+                    repair = f"closed {text[start:at]} with {fmt.close} at the end of the output"
+                    found = [dataclasses.replace(c, repairs=c.repairs + (repair,)) for c in found]
+                    end = close_at
                 else:
                     later = text.find(fmt.close, close_at)
                     error = (f"unexpected text {short(text[close_at:later], 60)!r} after the tool call's JSON, before "
@@ -196,7 +205,7 @@ def parse_json_calls(fmt: JsonCalls, text: str, tools: ToolIndex | None = None) 
                              f"a tool call ({text[start:at]}) was not closed with {fmt.close}")
                     error += f"; write {fmt.example}"
                     found = [RawCall(c.name, "", c.error or error, c.id) for c in found]
-                    end = _region_end(text, end, fmt)
+                    end = _region_end(text, end, fmt, at > start)
         if at == start and not _is_call(text[start:end], tools):
             pos = start + 1  # a JSON answer in the prose ({"name": "Bob"}), not a call
             continue
@@ -213,11 +222,12 @@ def _is_call(segment: str, tools: ToolIndex | None) -> bool:
     return bool(_ARGS_KEY.search(segment)) or any(f'"{name}"' in segment for name in tools or ())
 
 
-def _region_end(text: str, pos: int, fmt: JsonCalls) -> int:
-    """Where a region that does not read ends: its close marker, else the next region, else the text's end."""
+def _region_end(text: str, pos: int, fmt: JsonCalls, marked: bool = False) -> int:
+    """Where a region that does not read ends: its close marker, else the next region (after a marker, the next
+    marker: Phi-4-mini's bare objects inside a broken functools[...] are that region's), else the text's end."""
     if fmt.close and (at := text.find(fmt.close, pos)) >= 0:
         return at + len(fmt.close)
-    following = _next_region(text, pos + 1, fmt)
+    following = _next_region(text, pos + 1, dataclasses.replace(fmt, bare=None) if marked else fmt)
     return following[0] if following else len(text)
 
 
@@ -291,7 +301,7 @@ def _named_end(text: str, pos: int, fmt: NamedCalls) -> int:
     return close + len(fmt.close) if close >= 0 else len(text)
 
 
-def parse_named_calls(fmt: NamedCalls, text: str, tools: ToolIndex | None = None) -> Parsed:
+def parse_named_calls(fmt: NamedCalls, text: str, tools: ToolIndex | None = None, strict: bool = False) -> Parsed:
     spans: list[tuple[int, int, int]] = []
     calls: list[RawCall] = []
     pos = 0
@@ -320,9 +330,11 @@ _OBJ = '{"name": "<tool name>", "arguments": {...}}'
 _CALL_OBJECT = re.compile(r'\{\s*(?:"(?:name|function)"\s*:|"type"\s*:\s*"function")')
 _CALL_LIST = re.compile(r'\[\s*\{\s*(?:"(?:name|function)"\s*:|"type"\s*:\s*"function")')
 _ARGS_KEY = re.compile(r'"(?:arguments|parameters)"\s*:')
+_NAME_ARGUMENTS = re.compile(r'\{\s*"name"\s*:\s*"[^"\\]*"\s*,\s*"arguments"\s*:')
 
 JSON_FAMILIES = (
-    JsonCalls("hermes", "qwen", ("<tool_call>",), f"<tool_call>\n{_OBJ}\n</tool_call>", close="</tool_call>"),
+    JsonCalls("hermes", "qwen", ("<tool_call>",), f"<tool_call>\n{_OBJ}\n</tool_call>", close="</tool_call>",
+              open_at_end=True),
     JsonCalls("qwen_coder", "qwen-coder", ("<tools>",), f"<tools>\n{_OBJ}\n</tools>", close="</tools>"),
     JsonCalls("internlm2", "internlm2", ("<|action_start|><|plugin|>",), f"<|action_start|><|plugin|>\n{_OBJ}"
               "<|action_end|>", close="<|action_end|>"),
@@ -334,8 +346,11 @@ JSON_FAMILIES = (
               '[TOOL_CALLS][{"name": "<tool name>", "arguments": {...}, "id": "<9 letters or digits>"}]'),
     JsonCalls("apertus", "apertus", ("<|tools_prefix|>",), '<|tools_prefix|>[{"<tool name>": {...}}]<|tools_suffix|>',
               close="<|tools_suffix|>", name_is_key=True),
-    JsonCalls("phi4", "phi4", ("functools",), f"functools[{_OBJ}]"),
     JsonCalls("json_list", "json-list", (), f"[{_OBJ}]", bare=_CALL_LIST, fences=("```json", "```")),
+    # Phi-4-mini writes functools[{...}, ...] (what vLLM's phi4_mini_json parser reads); its template writes past
+    # calls as bare objects, {"name": ..., "arguments": ...}, which are read too (after xLAM's lists, before Llama's
+    # "parameters" objects, in the order registration tries formats).
+    JsonCalls("phi4", "phi4", ("functools",), f"functools[{_OBJ}]", bare=_NAME_ARGUMENTS, arg_keys=("arguments",)),
     JsonCalls("llama3", "llama3", ("<|python_tag|>",), '{"name": "<tool name>", "parameters": {...}}',
               bare=_CALL_OBJECT, arg_keys=("parameters", "arguments")),
 )
@@ -364,12 +379,13 @@ NAMED_FAMILIES = (
 
 
 def _json_format(fmt: JsonCalls) -> WireFormat:
-    return WireFormat(fmt.name, lambda text, tools=None: parse_json_calls(fmt, text, tools), fmt.example, fmt.family,
-                      bare=fmt.bare is not None)
+    return WireFormat(fmt.name, lambda text, tools=None, strict=False: parse_json_calls(fmt, text, tools, strict),
+                      fmt.example, fmt.family, bare=fmt.bare is not None)
 
 
 def _named_format(fmt: NamedCalls) -> WireFormat:
-    return WireFormat(fmt.name, lambda text, tools=None: parse_named_calls(fmt, text, tools), fmt.example, fmt.family)
+    return WireFormat(fmt.name, lambda text, tools=None, strict=False: parse_named_calls(fmt, text, tools, strict),
+                      fmt.example, fmt.family)
 
 
 FORMATS = (

@@ -10,8 +10,11 @@ Some templates write string values unescaped (``"'" + value + "'"``: LFM2.5, OLM
 double quotes: Llama 4). A value holding a quote or a raw newline is then not Python, and only for
 such text a scanner reads it as the template wrote it: a string runs, raw, to the first quote
 followed by the next argument (``, name=``; a name the tool declares is preferred) or by the
-call's end, backslashes included. (A value that is also a valid Python literal is read as Python,
-escapes applied, as vLLM's parser reads it: the dialect cannot tell the two apart.)
+call's end, backslashes included. A value that is also a valid Python literal is read as Python,
+escapes applied, as vLLM's parser reads it (the dialect cannot tell the two apart: a value holding a
+backslash or the template's own quote is read back from the template's writing as Python reads that
+text), except a value written as several adjacent literals (``""  \n"x"``, Python joins them): no model
+writes that, a template writing a value that starts with its quote does, so it is read raw.
 
 The families (``PYTHONIC_FAMILIES``): ``pythonic`` (LFM2 ``<|tool_call_start|>[...]<|tool_call_end|>``,
 escaped), ``pythonic_raw`` (the LFM2.5 template's unescaped strings), ``olmo`` (OLMo 3
@@ -90,6 +93,8 @@ def _python_calls(body: str, syn: PythonicSyntax, tools: ToolIndex | None) -> li
             raise _Bad(f"the call to {name} must name its arguments: {name}(arg=value, ...)")
         args = {}
         for kw in node.keywords:
+            if syn.raw_strings and _concatenated(text, kw.value):
+                raise _Bad(f"the value of {kw.arg!r} in the call to {name} is several string literals")
             try:
                 args[kw.arg] = retype(tools, name, kw.arg, _literal(kw.value))
             except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
@@ -97,6 +102,25 @@ def _python_calls(body: str, syn: PythonicSyntax, tools: ToolIndex | None) -> li
                            f"{short(ast.unparse(kw.value), 60)!r}") from None
         calls.append(RawCall(name, arguments_json(args)))
     return calls
+
+
+_ONE_LITERAL = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'', re.S)
+
+
+def _concatenated(source: str, node: ast.AST) -> bool:
+    """Whether a string value is written as several adjacent literals (``"" "x"``), which Python joins. No model
+    writes that in a call, but a template that writes strings unescaped does, for a value holding its quote:
+    ``"%s"`` of ``"  \n"x`` is ``""  \n"x"``. Such a value is read as the template wrote it."""
+    if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+        return False
+    segment = ast.get_source_segment(source, node) or ""
+    if _ONE_LITERAL.fullmatch(segment):  # the common case, at regex speed
+        return False
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(segment).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    return sum(t.type == tokenize.STRING for t in tokens) > 1
 
 
 # ---------------------------------------------------------------- the template's unescaped strings
@@ -285,7 +309,7 @@ def _clean_after(text: str, pos: int, syn: PythonicSyntax) -> bool:
     return True
 
 
-def parse_pythonic(syn: PythonicSyntax, text: str, tools: ToolIndex | None = None) -> Parsed:
+def parse_pythonic(syn: PythonicSyntax, text: str, tools: ToolIndex | None = None, strict: bool = False) -> Parsed:
     spans: list[tuple[int, int, int]] = []
     calls: list[RawCall] = []
     pos = 0
@@ -338,8 +362,8 @@ PYTHONIC_FAMILIES = (
 
 
 def _format(syn: PythonicSyntax) -> WireFormat:
-    return WireFormat(syn.name, lambda text, tools=None: parse_pythonic(syn, text, tools), syn.example, syn.family,
-                      bare=syn.markers is None)
+    return WireFormat(syn.name, lambda text, tools=None, strict=False: parse_pythonic(syn, text, tools, strict),
+                      syn.example, syn.family, bare=syn.markers is None)
 
 
 FORMATS = tuple(_format(syn) for syn in PYTHONIC_FAMILIES)

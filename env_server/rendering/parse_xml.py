@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .parsing import Parsed, RawCall, WireFormat, outside, short
-from .values import ToolIndex, arguments_json, typed_value
+from .values import ToolIndex, allows_more, arguments_json, typed_value
 
 _WS = re.compile(r"\s*")
 _MAX_ALTERNATIVES = 64  # readings tried per block before taking the first (markup nested in values)
@@ -49,6 +49,9 @@ class TagSyntax:
     frame: str  # what the template writes on each side of a value, removed once
     shapes: tuple[str, str]  # the call and parameter tags as the model writes them, for messages
     example: str
+    # Not strict: a value whose closing tag is missing ends where the next parameter's tag starts a line, as the
+    # family's deployment parser reads it (vLLM's qwen3_coder: a value ends at </parameter> or before <parameter=).
+    next_param_closes: bool = False
 
 
 def _tags(syn: TagSyntax) -> tuple[re.Pattern, re.Pattern, re.Pattern]:
@@ -74,9 +77,15 @@ def _renumbered(pattern: str) -> str:
 class _Reader:
     """One completion read with one syntax. Alternatives are generators, earliest value ends first."""
 
-    def __init__(self, syn: TagSyntax, text: str, tools: ToolIndex | None) -> None:
-        self.syn, self.text, self.tools = syn, text, tools or {}
+    def __init__(self, syn: TagSyntax, text: str, tools: ToolIndex | None, strict: bool = False) -> None:
+        self.syn, self.text, self.tools, self.strict = syn, text, tools or {}, strict
+        # Not strict, a parameter the tool does not declare is read where its schema allows more (the deployment
+        # parser reads any); and for a block with no reading by the grammar, a value the tag of a parameter the tool
+        # declares closes (`lenient`, the deployment parser's reading).
+        self.lenient = False
+        self._rest: dict[int, bool] = {}  # position -> whether the text from there reads (rest_reads)
         self.opener, self.markup, self.tags = _SYNTAX_TAGS[syn.name]
+        self.split_at = re.compile(re.escape(syn.param_close) + r"\s*")
         self.closers = tuple(c for c in (syn.param_close, syn.call_close, syn.wrap[1] if syn.wrap else None) if c)
         self.failure: tuple[int, str] = (-1, "")
 
@@ -112,15 +121,39 @@ class _Reader:
     def call(self, start: int) -> Iterator[tuple[RawCall, int]]:
         m = self.syn.call_open.match(self.text, start)
         name = m[1].strip()
-        for args, end in self.params(name, m.end(), {}):
+        for args, end, repairs in self.params(name, m.end(), {}, ()):
+            split = self.splits(name, args)
+            if split:
+                yield RawCall(name, "", split), end
+                continue
             typed = {k: typed_value(self.tools, name, k, v) for k, v in args.items()}
-            yield RawCall(name, arguments_json(typed)), end
+            yield RawCall(name, arguments_json(typed), repairs=repairs), end
 
-    def params(self, name: str, pos: int, args: dict[str, str]) -> Iterator[tuple[dict[str, str], int]]:
+    def splits(self, name: str, args: dict[str, str]) -> str:
+        """Why the reading is not the only one, or "": a value holds a closing tag followed by the tag of one of the
+        call's parameters (or one the tool declares), which is exactly how one value ends and the next begins, so the
+        text reads as this call and as one with that value split there. Such a call is answered, never guessed."""
+        names = set(args) | set(self.tools.get(name) or ())
+        for key, value in args.items():
+            for m in self.split_at.finditer(value):
+                p = self.syn.param_open.match(value, m.end())
+                if p and p[1].strip() in names:
+                    return (f"the value of {key!r} holds {self.syn.param_close} followed by {p[0]!r}, which is how one "
+                            f"value ends and the next begins, so the call to {name} reads two ways; write the value "
+                            f"without that sequence, or in another call; write {self.syn.example}")
+        return ""
+
+
+    def declares(self, name: str, key: str) -> bool:
+        declared = self.tools.get(name)
+        return not declared or key in declared
+
+    def params(self, name: str, pos: int, args: dict[str, str], repairs: tuple[str, ...]
+               ) -> Iterator[tuple[dict[str, str], int, tuple[str, ...]]]:
         syn, text = self.syn, self.text
         at = _WS.match(text, pos).end()
         if text.startswith(syn.call_close, at):
-            yield args, at + len(syn.call_close)
+            yield args, at + len(syn.call_close), repairs
             return
         m = syn.param_open.match(text, at)
         if not m:
@@ -130,55 +163,62 @@ class _Reader:
             return
         key = m[1].strip()
         declared = self.tools.get(name)
-        if key in args or (declared and key not in declared):
+        undeclared = bool(declared) and key not in declared
+        if key in args or (undeclared and (self.strict or not allows_more(declared))):
             self.fail(at, f"the parameter {key!r} is given twice in the call to {name}" if key in args else
                       f"{name} has no parameter {key!r} (its parameters: {', '.join(declared)})")
             return
+        if undeclared:  # the deployment parser reads any parameter; the schema allows it
+            repairs += (f"read parameter {key!r}, which {name} does not declare (its schema allows more)",)
         ends = 0
         for end in self.value_ends(name, m.end(), args.keys() | {key}):
             ends += 1
             value = text[m.end():end]
             unclosed = self.unclosed_markup(value, name, args.keys() | {key})
             if unclosed:
+                kind, tag, line = unclosed
                 self.fail(m.end(), f"the parameter {key!r} of {name} was not closed with {syn.param_close} before "
-                                   f"{unclosed!r}")
+                                   f"{tag!r}")
+                if (self.lenient and syn.next_param_closes and kind == "param" and syn.param_close not in value[:line]
+                        and self.declares(name, syn.param_open.match(tag)[1].strip())):
+                    cut = m.end() + line  # the closing tag was forgotten: the next parameter's tag closes the value
+                    closed = f"closed {m[0].strip()} with {syn.param_close} before {tag}"
+                    yield from self.params(name, cut, {**args, key: _unframe(text[m.end():cut], syn.frame)},
+                                           repairs + (closed,))
                 continue
-            yield from self.params(name, end + len(syn.param_close), {**args, key: _unframe(value, syn.frame)})
+            yield from self.params(name, end + len(syn.param_close), {**args, key: _unframe(value, syn.frame)},
+                                   repairs)
         if not ends:
             self.fail(m.end(), f"the parameter {key!r} of {name} was not closed with {syn.param_close}")
 
     def value_ends(self, name: str, start: int, given: set[str]) -> Iterator[int]:
         """Each closing tag after ``start`` that the grammar allows: followed by the call's end or by a parameter
-        the tool declares (any name, for a tool the schema does not describe) that it has not had yet."""
+        the call has not had yet (one the tool does not declare is refused, or read, where it is read)."""
         syn, text = self.syn, self.text
-        declared = self.tools.get(name)
         at = start
         while (at := text.find(syn.param_close, at)) >= 0:
             after = _WS.match(text, at + len(syn.param_close)).end()
             nxt = syn.param_open.match(text, after)
-            if text.startswith(syn.call_close, after) or (
-                    nxt and nxt[1].strip() not in given and (not declared or nxt[1].strip() in declared)):
+            if text.startswith(syn.call_close, after) or (nxt and nxt[1].strip() not in given):
                 yield at
             at += 1
 
-    def unclosed_markup(self, value: str, name: str, given: set[str]) -> str:
-        """The first opening tag at the start of a line that the value does not close, or "": a call's or block's,
-        or a parameter's that the tool declares and has not had (the model forgot this value's closing tag before
-        it). A tag the tool does not declare is the value's own text (code that writes this markup)."""
-        declared = self.tools.get(name)
-        stack: list[tuple[str, str]] = []  # (kind, the tag as written)
+    def unclosed_markup(self, value: str, name: str, given: set[str]) -> tuple[str, str, int] | None:
+        """The first opening tag at the start of a line that the value does not close, as (kind, the tag, where its
+        line starts in the value), or None: a call's or block's, or a parameter's the call has not had (the model
+        forgot this value's closing tag before it: whether the tool declares it is decided where it is read). The
+        tag of a parameter the call has had is the value's own text (code that writes this markup)."""
+        stack: list[tuple[str, str, int]] = []  # (kind, the tag as written, where its line starts)
         for m in self.markup.finditer(value):
             what, kind = m.lastgroup.split("_", 1)
             tag = m[0].strip()
             if what == "open":
-                if kind == "param" and declared and (
-                        (p := self.syn.param_open.match(tag)) is None or p[1].strip() not in declared
-                        or p[1].strip() in given):
+                if kind == "param" and ((p := self.syn.param_open.match(tag)) is None or p[1].strip() in given):
                     continue
-                stack.append((kind, tag))
+                stack.append((kind, tag, m.start()))
             elif stack and stack[-1][0] == kind:
                 stack.pop()
-        return stack[0][1] if stack else ""
+        return stack[0] if stack else None
 
     # ------------------------------------------------------------ the completion
 
@@ -192,20 +232,48 @@ class _Reader:
                 return False
         return True
 
+    def reading(self, start: int) -> tuple[list[RawCall], int] | None:
+        """The block's first reading after which the rest of the text reads, else its first reading, else None."""
+        first = None
+        for k, (found, end) in enumerate(self.block(start)):
+            if first is None:
+                first = (found, end)
+            if self.rest_reads(end):
+                return found, end
+            if k + 1 >= _MAX_ALTERNATIVES:
+                break
+        return first
+
+    def rest_reads(self, pos: int) -> bool:
+        """Whether the text after ``pos`` reads: no closing tag outside a block (what a cut inside a value leaves
+        behind: the value's own later markup, then its real closing tags), and each later block has a reading
+        after which the rest reads too (a later call's value may hold closing tags of its own)."""
+        if pos not in self._rest:
+            nxt = self.opener.search(self.text, pos)
+            stop = nxt.start() if nxt else len(self.text)
+            if any(m.lastgroup.startswith("close") for m in self.tags.finditer(self.text, pos, stop)):
+                self._rest[pos] = False
+            elif nxt is None:
+                self._rest[pos] = True
+            else:
+                self._rest[pos] = False  # (a block whose readings lead back here reads no further)
+                failure = self.failure
+                self._rest[pos] = any(self.rest_reads(end) for _, (_, end) in
+                                      zip(range(_MAX_ALTERNATIVES), self.block(nxt.start())))
+                self.failure = failure
+        return self._rest[pos]
+
     def read(self) -> tuple[str, list[RawCall]]:
         text, spans, calls, pos = self.text, [], [], 0
         while (m := self.opener.search(text, pos)) is not None:
             start = m.start()
             self.failure = (-1, "")
-            first = None
-            for k, (found, end) in enumerate(self.block(start)):
-                if first is None:
-                    first = (found, end)
-                if self.clean_after(end):
-                    first = (found, end)
-                    break
-                if k + 1 >= _MAX_ALTERNATIVES:
-                    break
+            self.lenient = False
+            first = self.reading(start)
+            if first is None and not self.strict:
+                failure, self.lenient, self._rest = self.failure, True, {}
+                first = self.reading(start)
+                self.failure, self.lenient, self._rest = failure, False, {}  # unread: the grammar's message
             if first is None:
                 message = self.failure[1] or f"the tool call does not read: {short(text[start:], 80)!r}"
                 first = ([RawCall(_name_at(self.syn, text, start), "", f"{message}; write {self.syn.example}")],
@@ -255,8 +323,8 @@ def _after_opening(syn: TagSyntax, text: str, start: int) -> int:
     return m.end() if m else at + 1
 
 
-def parse_tags(syn: TagSyntax, text: str, tools: ToolIndex | None = None) -> Parsed:
-    content, calls = _Reader(syn, text, tools).read()
+def parse_tags(syn: TagSyntax, text: str, tools: ToolIndex | None = None, strict: bool = False) -> Parsed:
+    content, calls = _Reader(syn, text, tools, strict).read()
     return content, None, calls
 
 
@@ -265,7 +333,7 @@ TAG_FAMILIES = (
               re.compile(r"<parameter=([^>\n]+)>"), "</parameter>", "\n",
               ("<function=NAME>", "<parameter=NAME>"),
               "<tool_call>\n<function=<tool name>>\n<parameter=<name>>\n<value>\n</parameter>\n</function>\n"
-              "</tool_call>"),
+              "</tool_call>", next_param_closes=True),
     TagSyntax("seed", "seed-oss", ("<seed:tool_call>", "</seed:tool_call>"), re.compile(r"<function=([^>\n]+)>"),
               "</function>", re.compile(r"<parameter=([^>\n]+)>"), "</parameter>", "",
               ("<function=NAME>", "<parameter=NAME>"),
@@ -291,7 +359,8 @@ _SYNTAX_TAGS = {syn.name: _tags(syn) for syn in TAG_FAMILIES}
 
 
 def _format(syn: TagSyntax) -> WireFormat:
-    return WireFormat(syn.name, lambda text, tools=None: parse_tags(syn, text, tools), syn.example, syn.family)
+    return WireFormat(syn.name, lambda text, tools=None, strict=False: parse_tags(syn, text, tools, strict),
+                      syn.example, syn.family)
 
 
 FORMATS = tuple(_format(syn) for syn in TAG_FAMILIES)

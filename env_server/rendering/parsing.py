@@ -19,9 +19,16 @@ tests use it as an oracle there; its JSON-dialect reader is reused for Gemma 4 (
 
 A wire format is a configuration of one of these readers (a row of a table), not a parser per
 family. A parser takes the completion text without its stop token (harmony keeps it: ``<|call|>``
-delimits a call) and with reasoning already split off, plus the session's tools (to type values),
-and returns ``(content, reasoning, calls)``; a call it cannot read is a call with ``error``, which the
-model gets as its tool message.
+delimits a call) and with reasoning already split off, plus the session's tools (to type values)
+and whether parsing is strict, and returns ``(content, reasoning, calls)``; a call it cannot read is
+a call with ``error``, which the model gets as its tool message.
+
+Not strict (the default), a parser reads what the family's deployment parser (vLLM's) reads although
+the family's grammar does not allow it, and says so in the call's ``repairs`` (the Step's detail
+records them): a Hermes ``<tool_call>`` left open at the end of the output, a Qwen3-Coder
+``</parameter>`` missing before the next parameter, a parameter the tool does not declare where its
+schema allows more. Such a reading is only tried when the text has no reading by the grammar, so a
+well-formed call is never read differently. Strict, these get the grammar's error messages.
 """
 
 from __future__ import annotations
@@ -31,8 +38,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from json.decoder import scanstring
-
-from .values import ToolIndex
 
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
@@ -46,6 +51,7 @@ class RawCall:
     arguments: str
     error: str | None = None
     id: str = ""  # the call id the model wrote, in formats that carry one (Mistral-style "id")
+    repairs: tuple[str, ...] = ()  # what was read leniently, as the deployment parser reads it (not strict)
 
 
 Parsed = tuple[str, "str | None", list[RawCall]]
@@ -54,7 +60,7 @@ Parsed = tuple[str, "str | None", list[RawCall]]
 @dataclass(frozen=True)
 class WireFormat:
     name: str
-    parse: Callable[[str, ToolIndex | None], Parsed]
+    parse: Callable[..., Parsed]  # (text, tools=None, strict=False) -> Parsed
     example: str  # what a well-formed call looks like, for error messages
     family: str  # the label registration reports (RegisterTokenizerResponse.template_family)
     delimited_by_stop: bool = False  # the stop token is part of the call (harmony's <|call|>)

@@ -4,14 +4,19 @@ Steps, each named in a refusal:
 1. message shape: an assistant call turn and its result must render (tool name, arguments and
    output all present); tried with arguments as a mapping, then as JSON text (a JSON-text template
    raises on a mapping or prints its Python repr), content "" then None, no system message then
-   one, tito's call ids then 9-character alphanumeric ones.
+   one, tito's call ids, then 9-character alphanumeric ones, then Kimi's functions.NAME:IDX (a template
+   that writes the call's id and not its name).
 2. parallel calls: two calls in one message must render both, else one call per turn.
 3. reasoning: the field whose text the template writes in a call turn, and the tags around it.
 4. stop tokens, from renders: the token that ends a plain answer (or, if the template never
    closes one, the next role token), and the boundary that ends a call turn: the last added token
-   of the call turn when the template closes turns; otherwise the token the tool turn opens with,
-   which the model emits as its stop (overlap: GLM's <|observation|>). The synthetic call turn
-   carries reasoning only if the template re-renders it otherwise (Qwen3 drops empty thinking).
+   of the call turn when the template closes turns (also where it writes its generation prompt after
+   every conversation, ToolACE, or renders the call turn otherwise once results follow, Nemotron
+   Nano 2: then the suffix follows the token as past turns render it); otherwise the token the tool
+   turn opens with, which the model emits as its stop (overlap: GLM's <|observation|>), or the call
+   turn's own last token (Apertus: results are text inside the assistant turn). The synthetic call
+   turn carries reasoning only if the template re-renders it otherwise (Qwen3 drops empty thinking),
+   and tools only if the conversation renders otherwise without them (MUSE Glimmer).
 5. wire format: a turn of calls with a number-looking string, an integer and code with quotes and
    newlines is rendered and must parse back exactly with one of the wire formats.
 """
@@ -20,9 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
+
 from .errors import UnsupportedTemplateError
 from .families import FamilyRules, MessageStyle
-from .messages import assistant, head, tool
+from .messages import assistant, head, synthetic_tools, tool
 from .parsing import formats, split_reasoning
 from .template import ChatTemplate, lcp
 from .values import tool_index
@@ -43,6 +50,17 @@ _ARG, _OUT, _ANSWER, _THOUGHT = "zqx_argument", "zqx_output", "zqx answer", "zqx
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
+@dataclass(frozen=True)
+class Boundary:
+    """How a call turn ends (step 4)."""
+
+    style: MessageStyle
+    token: str  # the boundary: the token the model stops on after its calls
+    overlap: bool  # the template writes it only with the results, as their first token (GLM)
+    opens_results: bool
+    rerenders: bool = False  # the call turn renders otherwise once results follow (FamilyRules.rerenders_call_turn)
+
+
 def refuse(step: str, what: str, todo: str) -> UnsupportedTemplateError:
     return UnsupportedTemplateError(f"registration check, step '{step}': {what}. {todo}")
 
@@ -59,10 +77,10 @@ class Probe:
         return self.t.render(messages, tools, generation_prompt)
 
     def turn(self, style: MessageStyle, calls, reasoning: str | None = None, seq: int = 0) -> dict:
-        return assistant(style, [(style.call_id(seq, i), n, a) for i, (n, a) in enumerate(calls)], reasoning)
+        return assistant(style, [(style.call_id(seq, i, n), n, a) for i, (n, a) in enumerate(calls)], reasoning)
 
     def results(self, style: MessageStyle, calls, outputs, seq: int = 0) -> list[dict]:
-        return [tool(n, style.call_id(seq, i), o) for i, ((n, _), o) in enumerate(zip(calls, outputs))]
+        return [tool(n, style.call_id(seq, i, n), o) for i, ((n, _), o) in enumerate(zip(calls, outputs))]
 
     # ---------------------------------------------------------------- 1. message shape
 
@@ -70,7 +88,7 @@ class Probe:
         calls = [("lookup", {"word": _ARG})]
         problems: list[str] = []
         for system in (False, True):
-            for ids in ("tito", "alnum9"):
+            for ids in ("tito", "alnum9", "kimi"):
                 for json_args in (False, True):
                     for content_none in (False, True):
                         style = MessageStyle(json_args=json_args, content_none=content_none, system=system, ids=ids)
@@ -123,8 +141,9 @@ class Probe:
         """((open, close) around reasoning in a completion, whether the generation prompt opens it)."""
         if not style.reasoning_field:
             return None, False
-        h = self.render(head(style), True)
-        text = self.render(head(style) + [self.turn(style, [("lookup", {"word": _ARG})], _THOUGHT)])
+        tools = synthetic_tools(style)
+        h = self.render(head(style), True, tools)
+        text = self.render(head(style) + [self.turn(style, [("lookup", {"word": _ARG})], _THOUGHT)], False, tools)
         at, start = text.find(_THOUGHT), self.t.turn_start(h, text)
         after = self.t.added_tokens_in(text, at + len(_THOUGHT))
         open_tag = text[start:at].strip()  # what the model writes before its reasoning (Gemma: '<|channel>thought')
@@ -147,36 +166,88 @@ class Probe:
             out.append(toks[0][0] if toks else None)
         return out[0], out[1]
 
-    def boundary(self, style: MessageStyle, plain_end: str | None) -> tuple[MessageStyle, str, bool, bool]:
-        """(style, boundary token, overlap, the boundary opens the tool results)."""
+    def boundary(self, style: MessageStyle, plain_end: str | None) -> Boundary:
+        """The token that ends a call turn, tried with the synthetic turn plain, then with reasoning (Qwen3 drops an
+        empty thinking block), each without tools, then with one (MUSE Glimmer writes its system turn only with tools
+        or a generation prompt); the first of the rules below that fits wins."""
         calls = [("lookup", {"word": _ARG})]
-        tries = [False, True] if style.reasoning_field else [False]
-        problem = ""
-        for with_reasoning in tries:
-            st = dataclasses.replace(style, reasoning_in_synthetic=with_reasoning)
-            reasoning = _THOUGHT if with_reasoning else None
-            h = self.render(head(st), True)
-            a = self.render(head(st) + [self.turn(st, calls, reasoning)])
-            b = self.render(head(st) + [self.turn(st, calls, reasoning)] + self.results(st, calls, [_OUT]), True)
-            start, p = self.t.turn_start(h, a), lcp(a, b)
-            if plain_end is None and p == len(a):
-                toks = self.t.added_tokens_in(b, p, p + 64)
-                if toks and toks[0][1] == p:
-                    return st, toks[0][0], True, True
-                problem = (f"the call turn is not closed and the tool turn starts with text {b[p:p + 40]!r}, "
-                           "so nothing tells the model's turn has ended")
-                continue
-            toks = self.t.added_tokens_in(a, start, p)
-            if not toks or a[p:].strip() or a[toks[-1][1] + len(toks[-1][0]):p].strip():
-                problem = (f"adding the tool results re-renders the call turn: it reads {a[p:p + 60]!r} alone, "
-                           f"{b[p:p + 60]!r} followed by the results")
-                continue
-            end = toks[-1][1] + len(toks[-1][0])
-            following = self.t.added_tokens_in(b, end, end + 64)
-            opens = not following or bool(b[end:following[0][1]].strip())  # the results start with text
-            return st, toks[-1][0], False, opens
-        raise refuse("stop tokens", f"cannot find the token that ends an assistant turn that calls tools ({problem})",
-                     "The template must render a call turn the same way before and after its tool results")
+        problems: list[str] = []
+        for with_reasoning in ([False, True] if style.reasoning_field else [False]):
+            for with_tools in (False, True):
+                st = dataclasses.replace(style, reasoning_in_synthetic=with_reasoning, tools_in_synthetic=with_tools)
+                reasoning, tools = _THOUGHT if with_reasoning else None, synthetic_tools(st)
+                h = self.render(head(st), True, tools)
+                a = self.render(head(st) + [self.turn(st, calls, reasoning)], False, tools)
+                b = self.render(head(st) + [self.turn(st, calls, reasoning)] + self.results(st, calls, [_OUT]), True,
+                                tools)
+                start = self.t.turn_start(h, a)
+                if lcp(a, b) < start:  # the conversation before the call turn renders otherwise
+                    problems.append(f"adding the tool results changes the conversation before the call turn "
+                                    f"({a[lcp(a, b):lcp(a, b) + 40]!r} vs {b[lcp(a, b):lcp(a, b) + 40]!r})")
+                    continue
+                rule = (self._open_turn(a, b) if plain_end is None and lcp(a, b) == len(a) else
+                        self._closed_turn(a, b, start) or self._prompt_always_written(st, a, b, start, tools)
+                        or self._rerendered_turn(a, b, start))
+                if isinstance(rule, Boundary):
+                    return dataclasses.replace(rule, style=st)
+                problems.append(rule or f"adding the tool results re-renders the call turn: it reads "
+                                        f"{a[lcp(a, b):lcp(a, b) + 60]!r} alone, {b[lcp(a, b):lcp(a, b) + 60]!r} "
+                                        "followed by the results")
+        raise refuse("stop tokens", f"cannot find the token that ends an assistant turn that calls tools "
+                     f"({problems[0]})", "The template must end a call turn with a token, in the same place before "
+                     "and after its tool results")
+
+    def _open_turn(self, a: str, b: str) -> Boundary | str:
+        """The template never closes a call turn; the results follow it. Either they open with a token, which the
+        model emits as its stop (overlap: GLM's <|observation|>), or the call turn ends with one of its own (Apertus'
+        <|tools_suffix|>: the results are text inside the assistant turn, after the calls)."""
+        toks = self.t.added_tokens_in(b, len(a), len(a) + 64)
+        if toks and toks[0][1] == len(a):
+            return Boundary(MessageStyle(), toks[0][0], overlap=True, opens_results=True)
+        own = self.t.added_tokens_in(a, max(0, len(a) - 64))
+        if own and own[-1][1] + len(own[-1][0]) == len(a):
+            return Boundary(MessageStyle(), own[-1][0], overlap=False, opens_results=False)
+        return (f"the call turn is not closed and the tool turn starts with text {b[len(a):len(a) + 40]!r}, "
+                "so nothing tells the model's turn has ended")
+
+    def _closed_turn(self, a: str, b: str, start: int) -> Boundary | None:
+        """The call turn renders the same before and after its results, through its last token."""
+        p = lcp(a, b)
+        toks = self.t.added_tokens_in(a, start, p)
+        if not toks or a[p:].strip() or a[toks[-1][1] + len(toks[-1][0]):p].strip():
+            return None
+        return self._after(toks[-1], b)
+
+    def _prompt_always_written(self, style: MessageStyle, a: str, b: str, start: int, tools) -> Boundary | None:
+        """The template writes its generation prompt after every conversation, asked for or not (ToolACE,
+        Phi-4-mini): the call turn ends at its first token after which the render is only that prompt."""
+        h = self.render(head(style), True, tools)
+        if self.render(head(style), False, tools) != h:
+            return None
+        for tok in self.t.added_tokens_in(a, start, lcp(a, b)):
+            if h.endswith(a[tok[1] + len(tok[0]):]):
+                return self._after(tok, b)
+        return None
+
+    def _rerendered_turn(self, a: str, b: str, start: int) -> Boundary | None:
+        """The call turn renders otherwise once results follow (Nemotron Nano 2 writes '\n' before its end token
+        in past turns, not in the last one), but ends with the same token: the model stops on it as the template
+        writes the last turn, and the results follow it as the template writes past turns."""
+        toks = self.t.added_tokens_in(a, start)
+        out = b.find(_OUT, start)
+        if not toks or a[toks[-1][1] + len(toks[-1][0]):].strip() or out < 0:
+            return None
+        token = toks[-1][0]
+        at = self.t.find_token(b, token, last=True, start=start, end=out)
+        if at < 0:
+            return None
+        return dataclasses.replace(self._after((token, at), b), rerenders=True)
+
+    def _after(self, tok: tuple[str, int], b: str) -> Boundary:
+        end = tok[1] + len(tok[0])
+        following = self.t.added_tokens_in(b, end, end + 64)
+        opens = not following or bool(b[end:following[0][1]].strip())  # the results start with text
+        return Boundary(MessageStyle(), tok[0], overlap=False, opens_results=opens)
 
     def stop_tokens(self, boundary: str, answer_end: str) -> tuple[str, ...]:
         stops = [boundary, answer_end]
@@ -194,14 +265,16 @@ class Probe:
     def completion_text(self, style: MessageStyle, calls, reasoning: str | None, boundary: str,
                         overlap: bool) -> str:
         """The call turn as the model generates it: from where it leaves the generation prompt through the boundary."""
-        h = self.render(head(style), True)
-        a = self.render(head(style) + [self.turn(style, calls, reasoning)])
+        tools = synthetic_tools(style)
+        h = self.render(head(style), True, tools)
+        a = self.render(head(style) + [self.turn(style, calls, reasoning)], False, tools)
         start = self.t.turn_start(h, a)
         if overlap:
             return a[start:] + boundary
         return a[start:a.rfind(boundary) + len(boundary)]
 
-    def wire_format(self, style: MessageStyle, boundary: str, overlap: bool, tags, max_calls) -> str:
+    def wire_format(self, style: MessageStyle, boundary: str, overlap: bool, tags, max_calls) -> tuple[str, bool]:
+        """(the wire format, whether the parser reads the boundary with the calls: it is their closing marker)."""
         groups = [PROBE_CALLS] if max_calls is None else [[c] for c in PROBE_CALLS]
         index = tool_index(PROBE_TOOLS)
         reasoning = _THOUGHT if style.reasoning_in_synthetic else None
@@ -210,16 +283,30 @@ class Probe:
             raise refuse("stop tokens", f"the template closes no turn of tool calls: {boundary!r}, the last token it "
                          f"writes in a call turn, ends each call ({texts[0][-160:]!r}), so the model's stop token "
                          "after its calls is unknown", "Use a template that ends a call turn with an end-of-turn token")
-        for wire in formats().values():
-            if all(_parses_back(wire, text, calls, boundary, tags, index) for text, calls in zip(texts, groups)):
-                return wire.name
-        raise refuse("wire format", f"the template writes tool calls as {texts[0][:300]!r}, which none of the "
-                     f"wire formats ({', '.join(formats())}) parses back exactly",
+        for keep in (False, True):
+            for wire in formats().values():
+                if keep and (wire.delimited_by_stop or overlap):
+                    continue
+                if all(_parses_back(wire, text, calls, boundary, tags, index, keep)
+                       for text, calls in zip(texts, groups)):
+                    return wire.name, keep
+        raise refuse("wire format", f"{_why_unreadable(texts[0])}the template writes tool calls as {texts[0][:300]!r}, "
+                     f"which none of the wire formats ({', '.join(formats())}) parses back exactly",
                      "Use a template that writes calls in one of these formats")
 
 
-def _parses_back(wire, text: str, calls, boundary: str, tags, index) -> bool:
-    body = text if wire.delimited_by_stop else text.removesuffix(boundary)
+def _why_unreadable(text: str) -> str:
+    """What in the template's writing of the probe calls makes them unreadable, where it is one of the known cases."""
+    if any(f"{sep}Paris" in text for sep in ("=", ": ", ":")):
+        return ("it writes string values without quotes (city=Paris), so a value that holds ', ' or ')' (code does) "
+                "cannot be told from the call's own syntax; ")
+    if '"Paris"zip=' in text:
+        return 'it writes no separator between arguments (city="Paris"zip=...); '
+    return ""
+
+
+def _parses_back(wire, text: str, calls, boundary: str, tags, index, keep_boundary: bool = False) -> bool:
+    body = text if wire.delimited_by_stop or keep_boundary else text.removesuffix(boundary)
     if tags[0] and not wire.delimited_by_stop:
         _, body = split_reasoning(body, *tags[0], prefilled=tags[1])
     try:
@@ -236,14 +323,15 @@ def decide(t: ChatTemplate) -> FamilyRules:
     style = p.reasoning(p.message_shape())
     max_calls = p.max_calls(style)
     plain_end, plain_next = p.answer_end(style)
-    style, boundary, overlap, opens = p.boundary(style, plain_end)
+    found = p.boundary(style, plain_end)
+    style, boundary, overlap = found.style, found.token, found.overlap
     answer_end = plain_end or plain_next
     if answer_end is None:
         raise refuse("stop tokens", "the template writes no token after an assistant answer",
                      "Use a template that ends assistant turns with a token")
     stops = p.stop_tokens(boundary, answer_end)
     tags, prefilled = p.reasoning_tags(style)
-    wire = p.wire_format(style, boundary, overlap, (tags, prefilled), max_calls)
+    wire, keeps_boundary = p.wire_format(style, boundary, overlap, (tags, prefilled), max_calls)
     label = formats()[wire].family
     if wire == "hermes" and "<|im_start|>" not in t.source:
         label = "hermes"
@@ -254,7 +342,8 @@ def decide(t: ChatTemplate) -> FamilyRules:
         notes.append(f"the template renders {max_calls} call per assistant message; further calls get an error")
     return FamilyRules(
         name=label, wire=wire, stop_tokens=stops, boundary=boundary, answer_end=answer_end, overlap=overlap,
-        calls_need_boundary=boundary != answer_end, opens_results=opens, reasoning_tags=tags,
+        calls_need_boundary=boundary != answer_end, opens_results=found.opens_results, reasoning_tags=tags,
+        rerenders_call_turn=found.rerenders, boundary_closes_calls=keeps_boundary,
         reasoning_prefilled=prefilled,
         max_calls_per_turn=max_calls, style=style, notes=tuple(notes),
     )

@@ -3,21 +3,25 @@
 Control tokens inside message text (a program printing "<|im_end|>") are encoded as text,
 never as the control token: that is transformers' ``apply_chat_template(...,
 sanitize_control_tokens=True)``, and our ids equal that render token for token. Without it,
-a tool could forge turn boundaries.
+a tool could forge turn boundaries. Templates are compiled by jinja_engine.py (transformers' engine; see
+there for the one kind of template that gets its mutation-permitting variant).
 """
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 from transformers.utils.chat_template_utils import (
     _CONTROL_TOKEN_END,
     _CONTROL_TOKEN_START,
-    _compile_jinja_template,
     _get_control_token_patterns,
     encode_marked_chat,
     mark_control_tokens,
 )
+
+from .jinja_engine import compile_template
 
 _PREFILL = 64  # a generation prompt may end in up to this much text its turn does not render ('<think>\n')
 
@@ -57,7 +61,9 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.source = chat_template
         self.kwargs = dict(kwargs)
-        self._template = _compile_jinja_template(chat_template)  # compiled once, shared (lru_cache)
+        # Compiled once (transformers' compiles are shared, lru_cache). `mutates`: the list/dict methods that change
+        # an object which the template calls; such a template renders on copies of its inputs.
+        self._template, self.mutates = compile_template(chat_template)
         self._raw = tokenizer.backend_tokenizer  # the tokenizers.Tokenizer: no per-call wrapper overhead
         self.vocab_size = self._raw.get_vocab_size(with_added_tokens=True)
         self._vars = {**tokenizer.special_tokens_map, **self.kwargs}
@@ -71,10 +77,14 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], tools: list[dict] | None = None, generation_prompt: bool = False) -> str:
         """The template's text for an already-sanitized conversation."""
-        return self._template.render(
-            messages=messages, tools=tools or None, documents=None, add_generation_prompt=generation_prompt,
-            **self._vars,
-        )
+        variables = dict(self._vars, messages=messages, tools=tools or None, documents=None,
+                         add_generation_prompt=generation_prompt)
+        if self.mutates:  # JSON data (sanitized messages, tool specs, JSON kwargs): a JSON round trip copies it fastest
+            try:
+                variables = json.loads(json.dumps(variables))
+            except (TypeError, ValueError):
+                variables = copy.deepcopy(variables)
+        return self._template.render(**variables)
 
     def sanitize(self, obj: Any) -> Any:
         """Mark control-token strings in user-supplied text so they are encoded as text."""

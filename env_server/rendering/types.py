@@ -15,6 +15,9 @@ class ParsedCompletion:
     # Malformed calls carry `error` (not run; the model is told why).
     tool_calls: list[ToolCall] = field(default_factory=list)
     stopped: bool = False  # the completion ends with one of the context's stop tokens
+    # What the parser read as the deployment parser reads it though the grammar does not allow it ("call 1
+    # (run_python): closed <tool_call> with </tool_call> at the end of the output"); empty when strict.
+    repairs: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -3,9 +3,11 @@
 Formats that are not JSON carry no types: ``<parameter=days>\\n3\\n</parameter>`` is the integer 3
 for ``days: integer`` and the string "3" for ``zip: string``. The session's tools are known when
 a completion is parsed, so each value is typed by its parameter's schema, as the model meant it:
-- ``string`` keeps the text exactly (a string is never altered);
-- ``null``/``None`` is null where the parameter may be null (``"null"`` in its types, or not
-  required): models write it for an optional parameter they leave unset;
+- ``string`` keeps the text exactly (a string is never altered): ``null`` written for a string
+  parameter is the string "null", as vLLM's parsers read it, unless the schema also allows null;
+- ``null`` is null where the schema allows null (``"null"`` among its types) or the parameter is not a
+  string (JSON's null, what vLLM's fallback reads); ``None`` where the schema allows null or the
+  parameter is optional and not a string: models write it for an optional parameter they leave unset;
 - ``integer``/``number``/``boolean`` are converted (``3.0`` is the integer 3; ``True``/``true``);
 - ``object``/``array`` accept JSON, a Python literal (``{'a': True}``, what ``str(dict)`` writes and
   what Seed-OSS's template renders), and JSON encoded twice (``"{\\"a\\": 1}"``).
@@ -30,13 +32,23 @@ class Param:
     types: tuple[str, ...]  # the declared JSON Schema types, unions flattened
     required: bool
 
-    @property
-    def nullable(self) -> bool:
-        return "null" in self.types or not self.required
+
+class ToolParams(dict):
+    """A tool's declared parameters (name -> Param, in declaration order) and whether its schema allows others
+    (JSON Schema's ``additionalProperties`` is true unless the schema says false)."""
+
+    def __init__(self, params: Mapping[str, Param], additional: bool = True) -> None:
+        super().__init__(params)
+        self.additional = additional
 
 
-# tool name -> parameter name -> its schema, in declaration order
+# tool name -> its parameters
 ToolIndex = Mapping[str, Mapping[str, Param]]
+
+
+def allows_more(params: Mapping[str, Param] | None) -> bool:
+    """Whether a tool takes parameters it does not declare (True for a tool the schema does not describe)."""
+    return params is None or getattr(params, "additional", True)
 
 _NULLS = ("null", "None")
 
@@ -54,7 +66,7 @@ def _schema_types(schema: Any) -> tuple[str, ...]:
     return tuple(types)
 
 
-def tool_index(tools: Iterable[Any] | None) -> dict[str, dict[str, Param]]:
+def tool_index(tools: Iterable[Any] | None) -> dict[str, ToolParams]:
     """Index OpenAI-style tool specs (dicts, or objects with ``openai_spec()``) by name and parameter."""
     out: dict[str, dict[str, Param]] = {}
     for tool in tools or ():
@@ -65,8 +77,9 @@ def tool_index(tools: Iterable[Any] | None) -> dict[str, dict[str, Param]]:
         params = fn.get("parameters") or {}
         props = params.get("properties") if isinstance(params, Mapping) else None
         required = set(params.get("required") or ()) if isinstance(params, Mapping) else set()
-        out[fn["name"]] = {k: Param(_schema_types(v), k in required) for k, v in (props or {}).items()
-                           if isinstance(k, str)}
+        out[fn["name"]] = ToolParams(
+            {k: Param(_schema_types(v), k in required) for k, v in (props or {}).items() if isinstance(k, str)},
+            additional=not (isinstance(params, Mapping) and params.get("additionalProperties") is False))
     return out
 
 
@@ -96,7 +109,7 @@ def _container(raw: str, kind: type) -> Any:
 def cast(raw: str, param: Param) -> Any:
     """The text ``raw`` as the parameter's type; the text itself when it does not cast."""
     text = raw.strip()
-    if text in _NULLS and param.nullable:
+    if text in _NULLS and _null_here(text, param):
         return None
     for name in param.types:
         if name == "string":
@@ -125,6 +138,15 @@ def cast(raw: str, param: Param) -> Any:
             if value is not None:
                 return value
     return raw
+
+
+def _null_here(text: str, param: Param) -> bool:
+    """Whether the written ``null``/``None`` is null for this parameter (else it stays text)."""
+    if "null" in param.types:
+        return True
+    if "string" in param.types:
+        return False
+    return text == "null" or not param.required
 
 
 def typed_value(tools: ToolIndex | None, tool: str, param: str, raw: str) -> Any:

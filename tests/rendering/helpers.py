@@ -78,7 +78,11 @@ def ctx_for(template: str, **kwargs) -> RenderingContext:
 
 
 def template_ids(ctx: RenderingContext, conv: list[dict], generation_prompt: bool = True) -> list[int]:
-    """Ground truth: transformers' own apply_chat_template, control tokens in inputs encoded as text."""
+    """Ground truth: transformers' own apply_chat_template, control tokens in inputs encoded as text. For a template
+    that transformers' sandbox refuses (it calls list.append: jinja_engine.py), the one render of the whole
+    conversation through the engine tito renders it with."""
+    if ctx.template.mutates:
+        return ctx.render_conversation(conv, TOOLS, add_generation_prompt=generation_prompt)
     return ctx.tokenizer.apply_chat_template(
         conv,
         tools=TOOLS,
@@ -91,6 +95,8 @@ def template_ids(ctx: RenderingContext, conv: list[dict], generation_prompt: boo
 
 
 def template_text(ctx: RenderingContext, conv: list[dict], generation_prompt: bool) -> str:
+    if ctx.template.mutates:
+        return ctx.render_text(msgs.normalize(conv, ctx.rules.style), TOOLS, generation_prompt)
     return ctx.tokenizer.apply_chat_template(
         conv, tools=TOOLS, add_generation_prompt=generation_prompt, tokenize=False, **ctx.chat_template_kwargs
     )
@@ -134,11 +140,13 @@ def writes_reasoning(ctx: RenderingContext) -> bool:
     return _NATURAL_REASONING[ctx.fingerprint]
 
 
-def assistant_message(ctx: RenderingContext, turn: Turn, k: int) -> dict:
-    """The call turn in the template's shapes, with the ids the server gives the parsed calls of step k."""
+def assistant_message(ctx: RenderingContext, turn: Turn, k: int, calls_before: int = 0) -> dict:
+    """The call turn in the template's shapes, with the ids the server gives the parsed calls of step k (after
+    ``calls_before`` calls in the conversation)."""
     style = ctx.rules.style
     reasoning = turn.reasoning if writes_reasoning(ctx) else None
-    return msgs.assistant(style, [(style.call_id(k, i), n, a) for i, (n, a) in enumerate(turn.calls)], reasoning)
+    return msgs.assistant(style, [(style.call_id(k, i, n, calls_before), n, a) for i, (n, a) in enumerate(turn.calls)],
+                          reasoning)
 
 
 def _rewrites_history(ctx: RenderingContext) -> bool:
@@ -158,19 +166,21 @@ def walk(ctx: RenderingContext, turns: list[Turn], budget: int | None = None, ch
     ours = ctx.render_prompt([Message.coerce(m) for m in conv], tool_specs(TOOLS))
     assert ours == template_ids(ctx, conv), "prompt ids differ from apply_chat_template"
     w = Walk(ours=ours, conv=conv)
+    calls_before = 0
     for k, turn in enumerate(turns):
-        asst = assistant_message(ctx, turn, k)
+        asst = assistant_message(ctx, turn, k, calls_before)
         completion = model_completion(ctx, w.conv, asst)
         if resplit is not None:
             canonical, completion = completion, resplit(ctx, completion)
             assert completion != canonical and ctx.decode(completion) == ctx.decode(canonical)
-        parsed = ctx.parse_completion(completion, seq=k, tools=TOOLS)
+        parsed = ctx.parse_completion(completion, seq=k, tools=TOOLS, calls_before=calls_before)
         written = turn.calls[: ctx.rules.max_calls_per_turn or None]
         assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls][: len(written)] == written
         style = ctx.rules.style
-        calls = [ToolCall(style.call_id(k, i), n, json.dumps(a)) for i, (n, a) in enumerate(turn.calls)]
+        calls = [ToolCall(style.call_id(k, i, n, calls_before), n, json.dumps(a)) for i, (n, a) in enumerate(turn.calls)]
         results = [Message.tool_result(c, out) for c, out in zip(calls, turn.outputs)]
-        suffix = ctx.render_suffix(calls, results, budget, later_round=k > 0)
+        suffix = ctx.render_suffix(calls, results, budget, later_round=k > 0, calls_before=calls_before)
+        calls_before += len(calls)
         assert not suffix.overflow
         w.suffixes.append(suffix)
         w.ours = w.ours + completion + suffix.ids

@@ -237,7 +237,7 @@ def test_suffix_tokenized_alone_equals_in_context(template):
     """The claim behind tokenizing the suffix alone: it starts right after a control token, so
     encode(prefix + suffix) == encode(prefix) + encode(suffix)."""
     ctx = ctx_for(template)
-    calls = [ToolCall(ctx.rules.style.call_id(0, 0), PY, '{"code": "1"}')]
+    calls = [ToolCall(ctx.rules.style.call_id(0, 0, PY), PY, '{"code": "1"}')]
     for out in ["x", " lead", "\n\nnl", "tail  ", "😀", "'s"]:
         group = [{"role": "tool", "content": out, "name": PY, "tool_call_id": calls[0].id}]
         text = ctx.suffix_text(calls, group)

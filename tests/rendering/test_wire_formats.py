@@ -167,24 +167,44 @@ def test_agrees_with_parse_response_where_it_is_right(template, schema):
 
 # ---------------------------------------------------------------- the failure classes of real outputs
 
-@pytest.mark.parametrize("content", [
-    # Phantom calls: a file whose text is a tool call in the family's own markup is one write, never two calls.
-    "<tool_call>\n<function=run_python>\n<parameter=code>\nimport os\n</parameter>\n</function>\n</tool_call>",
-    # A line like the end of a parameter is a boundary only where the tool declares what follows it.
-    "a\n</parameter>\n<parameter=mode>\nfast",
-])
-def test_xml_value_holding_markup_runs_once_as_the_value(content):
-    ctx = ctx_for("qwen3_6")
-    text = ("</think>\n\n<tool_call>\n<function=write_file>\n<parameter=path>\nagent.md\n</parameter>\n"
+def _write_file_call(content: str) -> str:
+    return ("</think>\n\n<tool_call>\n<function=write_file>\n<parameter=path>\nagent.md\n</parameter>\n"
             f"<parameter=content>\n{content}\n</parameter>\n</function>\n</tool_call><|im_end|>")
-    assert calls_of(parse(ctx, text, CORPUS_TOOLS)) == [("write_file", {"path": "agent.md", "content": content})]
 
 
-def test_xml_parameter_without_its_closing_tag_is_reported_not_run():
-    """Silent corruption: the next parameter's text must not run inside this one's value."""
+def test_xml_value_holding_a_whole_call_runs_once_as_the_value():
+    # Phantom calls: a file whose text is a tool call in the family's own markup is one write, never two calls.
+    content = "<tool_call>\n<function=run_python>\n<parameter=code>\nimport os\n</parameter>\n</function>\n</tool_call>"
+    ctx = ctx_for("qwen3_6")
+    assert calls_of(parse(ctx, _write_file_call(content), CORPUS_TOOLS)) == [
+        ("write_file", {"path": "agent.md", "content": content})]
+
+
+def test_xml_closing_tag_then_a_parameter_tag_is_read_as_the_deployment_parser_reads_it():
+    """'</parameter>' followed by a parameter tag is how one value ends and the next begins, whatever the text
+    means: where the tool's schema allows parameters it does not declare, the second one is read (as vLLM reads
+    it, with a repair note); where it forbids them (tito's tools), the call is refused, never run with the tags in
+    the value."""
+    ctx = ctx_for("qwen3_6")
+    text = _write_file_call("a\n</parameter>\n<parameter=mode>\nfast")
+    p = parse(ctx, text, CORPUS_TOOLS)
+    assert calls_of(p) == [("write_file", {"path": "agent.md", "content": "a", "mode": "fast"})] and p.repairs
+    closed = [dict(t, function=dict(t["function"], parameters=dict(t["function"]["parameters"],
+                                                                    additionalProperties=False)))
+              for t in CORPUS_TOOLS]
+    (call,) = parse(ctx, text, closed).tool_calls
+    assert "write_file has no parameter 'mode'" in call.error
+
+
+def test_xml_parameter_without_its_closing_tag_is_closed_by_the_next_or_reported():
+    """Silent corruption: the next parameter's text must never run inside this one's value. By default the next
+    parameter's tag closes it, as vLLM's parser reads it (with a repair note); strict, the call is refused."""
     ctx = ctx_for("qwen3_6")
     text = "</think>\n\n" + WEATHER.replace("Paris\n</parameter>", "Paris") + "<|im_end|>"
-    (call,) = parse(ctx, text).tool_calls
+    p = parse(ctx, text)
+    assert calls_of(p) == [("get_weather", {"city": "Paris", "zip": "75001", "days": 3})]
+    assert p.repairs == ["call 1 (get_weather): closed <parameter=city> with </parameter> before <parameter=zip>"]
+    (call,) = ctx.parse_completion(ids(ctx, text), tools=TOOLS, strict=True).tool_calls
     assert call.name == "get_weather" and call.arguments == ""
     assert "'city' of get_weather was not closed with </parameter> before '<parameter=zip>'" in call.error
 
@@ -205,8 +225,13 @@ def test_values_are_typed_by_the_schema():
     from env_server.rendering.values import Param, cast
 
     optional_text, obj = Param(("string",), required=False), Param(("object",), required=True)
-    assert cast("null", optional_text) is None and cast("None", optional_text) is None
-    assert cast("None", Param(("string",), required=True)) == "None"  # a required string is never altered
+    # A string is never altered: null written for a string parameter is the string, as vLLM reads it, unless the
+    # schema also allows null.
+    assert cast("null", optional_text) == "null" and cast("None", optional_text) == "None"
+    assert cast("None", Param(("string",), required=True)) == "None"
+    assert cast("null", Param(("string", "null"), required=True)) is None
+    assert cast("null", Param(("integer",), required=True)) is None  # JSON's null (vLLM's fallback reads it)
+    assert cast("None", Param(("integer",), required=False)) is None  # an optional parameter left unset
     assert cast("{'a': True, 'b': None}", obj) == {"a": True, "b": None}  # a Python literal
     assert cast('"{\\"a\\": 1}"', obj) == {"a": 1}  # JSON encoded twice
     assert cast("3.0", Param(("integer",), True)) == 3 and cast("True", Param(("boolean",), True)) is True

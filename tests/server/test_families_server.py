@@ -23,6 +23,10 @@ LOCAL = TokenizerRegistry(max_entries=8)
 
 
 def _expected(ctx, conv, tools):
+    """The template's own render of the whole conversation: transformers' apply_chat_template, or (a template its
+    sandbox refuses: rendering/jinja_engine.py) one render through the engine tito renders it with."""
+    if ctx.template.mutates:
+        return ctx.render_conversation(conv, tools, add_generation_prompt=True)
     return ctx.tokenizer.apply_chat_template(conv, tools=tools, add_generation_prompt=True, tokenize=True,
                                              return_dict=False, sanitize_control_tokens=True)
 
@@ -51,7 +55,7 @@ def test_two_rounds_and_an_answer_are_token_exact(stub, template):
         assert ours == _expected(ctx, conv, tools)  # the prompt is the template's own render, with the tools
         codes = ["x = 6 * 7\nprint('it\\'s', x)", "42"]  # the second looks like a number: it must stay a string
         for seq, code in enumerate(codes, start=1):
-            turn = msgs.assistant(style, [(style.call_id(seq, 0), "run_python", {"code": code})],
+            turn = msgs.assistant(style, [(style.call_id(seq, 0, "run_python", seq - 1), "run_python", {"code": code})],
                                   "Let me compute." if style.reasoning_field else None)
             completion = ctx.encode(ctx.completion_text(conv, turn, tools))
             r = stub.Step(pb.StepRequest(session_id=sid, seq=seq, completion_ids=completion), timeout=120)
@@ -78,7 +82,7 @@ def test_deepseek_v3_later_rounds_get_their_own_suffix_shape(stub):
     try:
         assert list(opened.prompt_ids) == _expected(ctx, conv, tools)
         for seq, code in enumerate(["print(6 * 7)", "print(7 * 6)", "print(42)"], start=1):
-            turn = msgs.assistant(style, [(style.call_id(seq, 0), "run_python", {"code": code})], None)
+            turn = msgs.assistant(style, [(style.call_id(seq, 0, "run_python", seq - 1), "run_python", {"code": code})], None)
             completion = ctx.encode(ctx.completion_text(conv, turn, tools))
             r = stub.Step(pb.StepRequest(session_id=sid, seq=seq, completion_ids=completion), timeout=120)
             assert r.status == pb.STEP_STATUS_OK, r.detail
@@ -90,3 +94,40 @@ def test_deepseek_v3_later_rounds_get_their_own_suffix_shape(stub):
             assert opens == (seq == 1), ctx.decode(list(r.suffix_ids))
     finally:
         stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+
+
+def _open_with(stub, template: str, **session):
+    files = build_tokenizer_files(template=template)
+    reg = stub.RegisterTokenizer(pb.RegisterTokenizerRequest(files=files), timeout=300)
+    ctx = LOCAL.register(files)
+    opened = stub.OpenSession(pb.OpenSessionRequest(environment="python", tokenizer_fingerprint=reg.fingerprint,
+                                                    messages=[pb.Message(role="user", content="Run it.")], **session),
+                              timeout=60)
+    return ctx, opened.session_id
+
+
+def test_parser_repairs_are_in_the_step_detail_and_strict_sessions_get_the_error(stub):
+    """A Hermes call left open at the end of the output runs by default, as vLLM's hermes parser reads it, and the
+    Step's detail says what was repaired; a session opened with parsing_strict gets the error message instead."""
+    for strict in (None, True):
+        ctx, sid = _open_with(stub, "qwen2_5", **({} if strict is None else {"parsing_strict": strict}))
+        try:
+            text = '<tool_call>\n{"name": "run_python", "arguments": {"code": "print(6 * 7)"}}\n<|im_end|>'
+            r = stub.Step(pb.StepRequest(session_id=sid, seq=1, completion_ids=ctx.encode(text)), timeout=120)
+            assert r.status == pb.STEP_STATUS_OK
+            if strict:
+                assert "was not closed with </tool_call>" in r.tool_messages[0].content and not r.detail
+            else:
+                assert r.tool_messages[0].content.strip() == "42"
+                assert r.detail == ("parser repairs (read as the deployment parser reads them): call 1 (run_python): "
+                                    "closed <tool_call> with </tool_call> at the end of the output")
+        finally:
+            stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+
+
+def test_parsing_strict_is_a_server_setting(monkeypatch):
+    from env_server.config import ServerConfig
+
+    assert ServerConfig().parsing.strict is False
+    monkeypatch.setenv("TITO_PARSING__STRICT", "true")
+    assert ServerConfig().parsing.strict is True

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tito/v1/environment.proto\x12\x07tito.v1\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x8e\x01\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12%\n\ntool_calls\x18\x05 \x03(\x0b\x32\x11.tito.v1.ToolCall\x12\x19\n\x11reasoning_content\x18\x06 \x01(\t\"\x19\n\x17ListEnvironmentsRequest\"M\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"t\n\x0f\x45nvironmentSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12 \n\x05tools\x18\x03 \x03(\x0b\x32\x11.tito.v1.ToolSpec\x12\x1c\n\x14\x65nv_args_json_schema\x18\x04 \x01(\t\"J\n\x18ListEnvironmentsResponse\x12.\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x18.tito.v1.EnvironmentSpec\"\xa8\x01\n\x18RegisterTokenizerRequest\x12;\n\x05\x66iles\x18\x01 \x03(\x0b\x32,.tito.v1.RegisterTokenizerRequest.FilesEntry\x12!\n\x19\x63hat_template_kwargs_json\x18\x02 \x01(\t\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"{\n\x19RegisterTokenizerResponse\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12\x17\n\x0ftemplate_family\x18\x02 \x01(\t\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x18\n\x10renderer_version\x18\x04 \x01(\t\"\x99\x01\n\x12OpenSessionRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x02 \x01(\t\x12\"\n\x08messages\x18\x03 \x03(\x0b\x32\x10.tito.v1.Message\x12\x10\n\x08\x65nv_args\x18\x04 \x01(\t\x12\x19\n\x11\x63lient_request_id\x18\x05 \x01(\t\"\x87\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12 \n\x05tools\x18\x03 \x03(\x0b\x32\x11.tito.v1.ToolSpec\x12\x12\n\nidle_ttl_s\x18\x04 \x01(\x01\x12\x12\n\nhard_ttl_s\x18\x05 \x01(\x01\"\xdd\x01\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x16\n\x0e\x63ompletion_ids\x18\x03 \x03(\x05\x12%\n\ntool_calls\x18\x04 \x03(\x0b\x32\x11.tito.v1.ToolCall\x12\x1e\n\x11max_suffix_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x11\x61ssistant_content\x18\x06 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x07 \x01(\tB\x14\n\x12_max_suffix_tokens\"U\n\nStepTiming\x12\x10\n\x08parse_ms\x18\x01 \x01(\x01\x12\x10\n\x08tools_ms\x18\x02 \x01(\x01\x12\x11\n\trender_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\x9a\x02\n\x0cStepResponse\x12\'\n\rtool_messages\x18\x01 \x03(\x0b\x32\x10.tito.v1.Message\x12\x12\n\nsuffix_ids\x18\x02 \x03(\x05\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x13\n\x06reward\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12#\n\x06status\x18\x06 \x01(\x0e\x32\x13.tito.v1.StepStatus\x12#\n\x06timing\x18\x07 \x01(\x0b\x32\x13.tito.v1.StepTiming\x12%\n\ntool_calls\x18\x08 \x03(\x0b\x32\x11.tito.v1.ToolCall\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t\x12\x0b\n\x03seq\x18\n \x01(\x04\x42\t\n\x07_reward\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08*\xb0\x01\n\nStepStatus\x12\x1b\n\x17STEP_STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTEP_STATUS_OK\x10\x01\x12\x1b\n\x17STEP_STATUS_EPISODE_END\x10\x02\x12\x1c\n\x18STEP_STATUS_SANDBOX_LOST\x10\x03\x12\x1f\n\x1bSTEP_STATUS_SUFFIX_OVERFLOW\x10\x04\x12\x15\n\x11STEP_STATUS_ERROR\x10\x05\x32\x8e\x03\n\x0b\x45nvironment\x12W\n\x10ListEnvironments\x12 .tito.v1.ListEnvironmentsRequest\x1a!.tito.v1.ListEnvironmentsResponse\x12Z\n\x11RegisterTokenizer\x12!.tito.v1.RegisterTokenizerRequest\x1a\".tito.v1.RegisterTokenizerResponse\x12H\n\x0bOpenSession\x12\x1b.tito.v1.OpenSessionRequest\x1a\x1c.tito.v1.OpenSessionResponse\x12\x33\n\x04Step\x12\x14.tito.v1.StepRequest\x1a\x15.tito.v1.StepResponse\x12K\n\x0c\x43loseSession\x12\x1c.tito.v1.CloseSessionRequest\x1a\x1d.tito.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tito/v1/environment.proto\x12\x07tito.v1\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\x8e\x01\n\x07Message\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x04 \x01(\t\x12%\n\ntool_calls\x18\x05 \x03(\x0b\x32\x11.tito.v1.ToolCall\x12\x19\n\x11reasoning_content\x18\x06 \x01(\t\"\x19\n\x17ListEnvironmentsRequest\"M\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"t\n\x0f\x45nvironmentSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12 \n\x05tools\x18\x03 \x03(\x0b\x32\x11.tito.v1.ToolSpec\x12\x1c\n\x14\x65nv_args_json_schema\x18\x04 \x01(\t\"J\n\x18ListEnvironmentsResponse\x12.\n\x0c\x65nvironments\x18\x01 \x03(\x0b\x32\x18.tito.v1.EnvironmentSpec\"\xa8\x01\n\x18RegisterTokenizerRequest\x12;\n\x05\x66iles\x18\x01 \x03(\x0b\x32,.tito.v1.RegisterTokenizerRequest.FilesEntry\x12!\n\x19\x63hat_template_kwargs_json\x18\x02 \x01(\t\x1a,\n\nFilesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"{\n\x19RegisterTokenizerResponse\x12\x13\n\x0b\x66ingerprint\x18\x01 \x01(\t\x12\x17\n\x0ftemplate_family\x18\x02 \x01(\t\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x18\n\x10renderer_version\x18\x04 \x01(\t\"\xc9\x01\n\x12OpenSessionRequest\x12\x13\n\x0b\x65nvironment\x18\x01 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x02 \x01(\t\x12\"\n\x08messages\x18\x03 \x03(\x0b\x32\x10.tito.v1.Message\x12\x10\n\x08\x65nv_args\x18\x04 \x01(\t\x12\x19\n\x11\x63lient_request_id\x18\x05 \x01(\t\x12\x1b\n\x0eparsing_strict\x18\x06 \x01(\x08H\x00\x88\x01\x01\x42\x11\n\x0f_parsing_strict\"\x87\x01\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\x05\x12 \n\x05tools\x18\x03 \x03(\x0b\x32\x11.tito.v1.ToolSpec\x12\x12\n\nidle_ttl_s\x18\x04 \x01(\x01\x12\x12\n\nhard_ttl_s\x18\x05 \x01(\x01\"\xdd\x01\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x16\n\x0e\x63ompletion_ids\x18\x03 \x03(\x05\x12%\n\ntool_calls\x18\x04 \x03(\x0b\x32\x11.tito.v1.ToolCall\x12\x1e\n\x11max_suffix_tokens\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x19\n\x11\x61ssistant_content\x18\x06 \x01(\t\x12\x1d\n\x15tokenizer_fingerprint\x18\x07 \x01(\tB\x14\n\x12_max_suffix_tokens\"U\n\nStepTiming\x12\x10\n\x08parse_ms\x18\x01 \x01(\x01\x12\x10\n\x08tools_ms\x18\x02 \x01(\x01\x12\x11\n\trender_ms\x18\x03 \x01(\x01\x12\x10\n\x08total_ms\x18\x04 \x01(\x01\"\x9a\x02\n\x0cStepResponse\x12\'\n\rtool_messages\x18\x01 \x03(\x0b\x32\x10.tito.v1.Message\x12\x12\n\nsuffix_ids\x18\x02 \x03(\x05\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x13\n\x06reward\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\ttruncated\x18\x05 \x01(\x08\x12#\n\x06status\x18\x06 \x01(\x0e\x32\x13.tito.v1.StepStatus\x12#\n\x06timing\x18\x07 \x01(\x0b\x32\x13.tito.v1.StepTiming\x12%\n\ntool_calls\x18\x08 \x03(\x0b\x32\x11.tito.v1.ToolCall\x12\x0e\n\x06\x64\x65tail\x18\t \x01(\t\x12\x0b\n\x03seq\x18\n \x01(\x04\x42\t\n\x07_reward\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08*\xb0\x01\n\nStepStatus\x12\x1b\n\x17STEP_STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTEP_STATUS_OK\x10\x01\x12\x1b\n\x17STEP_STATUS_EPISODE_END\x10\x02\x12\x1c\n\x18STEP_STATUS_SANDBOX_LOST\x10\x03\x12\x1f\n\x1bSTEP_STATUS_SUFFIX_OVERFLOW\x10\x04\x12\x15\n\x11STEP_STATUS_ERROR\x10\x05\x32\x8e\x03\n\x0b\x45nvironment\x12W\n\x10ListEnvironments\x12 .tito.v1.ListEnvironmentsRequest\x1a!.tito.v1.ListEnvironmentsResponse\x12Z\n\x11RegisterTokenizer\x12!.tito.v1.RegisterTokenizerRequest\x1a\".tito.v1.RegisterTokenizerResponse\x12H\n\x0bOpenSession\x12\x1b.tito.v1.OpenSessionRequest\x1a\x1c.tito.v1.OpenSessionResponse\x12\x33\n\x04Step\x12\x14.tito.v1.StepRequest\x1a\x15.tito.v1.StepResponse\x12K\n\x0c\x43loseSession\x12\x1c.tito.v1.CloseSessionRequest\x1a\x1d.tito.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERTOKENIZERREQUEST_FILESENTRY']._loaded_options = None
   _globals['_REGISTERTOKENIZERREQUEST_FILESENTRY']._serialized_options = b'8\001'
-  _globals['_STEPSTATUS']._serialized_start=1810
-  _globals['_STEPSTATUS']._serialized_end=1986
+  _globals['_STEPSTATUS']._serialized_start=1858
+  _globals['_STEPSTATUS']._serialized_end=2034
   _globals['_TOOLCALL']._serialized_start=38
   _globals['_TOOLCALL']._serialized_end=93
   _globals['_MESSAGE']._serialized_start=96
@@ -54,19 +54,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERTOKENIZERRESPONSE']._serialized_start=711
   _globals['_REGISTERTOKENIZERRESPONSE']._serialized_end=834
   _globals['_OPENSESSIONREQUEST']._serialized_start=837
-  _globals['_OPENSESSIONREQUEST']._serialized_end=990
-  _globals['_OPENSESSIONRESPONSE']._serialized_start=993
-  _globals['_OPENSESSIONRESPONSE']._serialized_end=1128
-  _globals['_STEPREQUEST']._serialized_start=1131
-  _globals['_STEPREQUEST']._serialized_end=1352
-  _globals['_STEPTIMING']._serialized_start=1354
-  _globals['_STEPTIMING']._serialized_end=1439
-  _globals['_STEPRESPONSE']._serialized_start=1442
-  _globals['_STEPRESPONSE']._serialized_end=1724
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1726
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1767
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1769
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1807
-  _globals['_ENVIRONMENT']._serialized_start=1989
-  _globals['_ENVIRONMENT']._serialized_end=2387
+  _globals['_OPENSESSIONREQUEST']._serialized_end=1038
+  _globals['_OPENSESSIONRESPONSE']._serialized_start=1041
+  _globals['_OPENSESSIONRESPONSE']._serialized_end=1176
+  _globals['_STEPREQUEST']._serialized_start=1179
+  _globals['_STEPREQUEST']._serialized_end=1400
+  _globals['_STEPTIMING']._serialized_start=1402
+  _globals['_STEPTIMING']._serialized_end=1487
+  _globals['_STEPRESPONSE']._serialized_start=1490
+  _globals['_STEPRESPONSE']._serialized_end=1772
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1774
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1815
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1817
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1855
+  _globals['_ENVIRONMENT']._serialized_start=2037
+  _globals['_ENVIRONMENT']._serialized_end=2435
 # @@protoc_insertion_point(module_scope)

@@ -108,18 +108,20 @@ class RegisterTokenizerResponse(_message.Message):
     def __init__(self, fingerprint: _Optional[str] = ..., template_family: _Optional[str] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., renderer_version: _Optional[str] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("environment", "tokenizer_fingerprint", "messages", "env_args", "client_request_id")
+    __slots__ = ("environment", "tokenizer_fingerprint", "messages", "env_args", "client_request_id", "parsing_strict")
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     ENV_ARGS_FIELD_NUMBER: _ClassVar[int]
     CLIENT_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PARSING_STRICT_FIELD_NUMBER: _ClassVar[int]
     environment: str
     tokenizer_fingerprint: str
     messages: _containers.RepeatedCompositeFieldContainer[Message]
     env_args: str
     client_request_id: str
-    def __init__(self, environment: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., env_args: _Optional[str] = ..., client_request_id: _Optional[str] = ...) -> None: ...
+    parsing_strict: bool
+    def __init__(self, environment: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., env_args: _Optional[str] = ..., client_request_id: _Optional[str] = ..., parsing_strict: _Optional[bool] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("session_id", "prompt_ids", "tools", "idle_ttl_s", "hard_ttl_s")
