@@ -9,6 +9,7 @@ wire format and variant) gets the same examples (hypothesis, derandomized so a r
 from __future__ import annotations
 
 import json
+import os
 import unicodedata
 
 import pytest
@@ -55,7 +56,9 @@ CALLS = st.lists(
     ),
     min_size=1, max_size=2,
 )
-SETTINGS = settings(max_examples=30, deadline=None, derandomize=True, database=None,
+# 12 examples per family in the test command (its time budget); TITO_PROPERTY_EXAMPLES=250 is the deep run.
+SETTINGS = settings(max_examples=int(os.environ.get("TITO_PROPERTY_EXAMPLES", "12")), deadline=None,
+                    derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
