@@ -46,7 +46,8 @@ class ServerMetrics:
 
 class PoolCollector(Collector):
     """Each image's pool: warm depth, its learned target, sandboxes in use, starts made and failed,
-    opens waiting for a start slot and opens refused after waiting (label `image`)."""
+    opens waiting for a start slot, opens refused after waiting, and opens that waited for a start (cold)
+    (label `image`)."""
 
     def __init__(self, pools: Callable[[], Mapping[str, SandboxPool]]) -> None:
         self.pools = pools
@@ -65,6 +66,8 @@ class PoolCollector(Collector):
             "failed": CounterMetricFamily("tito_pool_failed", "Sandbox starts that failed.", labels=["image"]),
             "busy": CounterMetricFamily("tito_pool_busy", "Opens refused after waiting for a start slot.",
                                         labels=["image"]),
+            "cold": CounterMetricFamily("tito_pool_cold_opens", "Opens that found no warm sandbox and waited for "
+                                        "one to start.", labels=["image"]),
         }
         # Limits a backend cannot enforce here and what stands in (bwrap without writable cgroups): 1 per limit.
         fallback = GaugeMetricFamily("tito_sandbox_limit_fallback", "Sandbox limits the backend cannot enforce on this "
@@ -85,6 +88,7 @@ class PoolCollector(Collector):
             counters["created"].add_metric([image], pool.created_total)
             counters["failed"].add_metric([image], pool.failed_total)
             counters["busy"].add_metric([image], pool.busy_total)
+            counters["cold"].add_metric([image], pool.cold_total)
         yield from gauges.values()
         yield from counters.values()
         yield fallback

@@ -78,6 +78,7 @@ class SandboxPool:
         self._start_slots = asyncio.Semaphore(pool.max_concurrent_starts)
         self.admission_waiting = 0
         self.busy_total = 0  # opens refused after admission_timeout_s
+        self.cold_total = 0  # opens that found no warm sandbox and started their own
         self.demand = DemandTracker(
             floor=pool.target_size, ceiling=pool.max_target_size if pool.learn_demand else pool.target_size,
             burst_window_s=pool.burst_window_s, memory_s=pool.demand_memory_s,
@@ -246,6 +247,7 @@ class SandboxPool:
                 self._drop_dead_idle()
                 if self._idle:  # the refill made one while this open waited
                     return self._idle.popleft()
+                self.cold_total += 1
                 return await self._create()
             except SandboxError:
                 self.failed_total += 1

@@ -143,7 +143,7 @@ def test_task_images_are_allowed_by_config_only(server, task_images, backend):
 def _pool_figures(port: int, image: str) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     figures = {}
-    for name in ("depth", "target", "in_use", "created"):
+    for name in ("depth", "target", "in_use", "created", "cold_opens"):
         m = re.search(rf'^tito_pool_{name}(?:_total)?{{image="{re.escape(image)}"}} (\S+)$', text, re.M)
         figures[name] = float(m.group(1)) if m else 0.0
     return figures
@@ -174,7 +174,10 @@ def test_a_task_image_is_warm_after_the_first_burst(backend, task_images, tmp_pa
 
             cold: list[float] = []
             open_burst(cold)
-            assert _pool_figures(srv.metrics_port, image)["created"] == burst  # the first burst started its own
+            first = _pool_figures(srv.metrics_port, image)
+            # The task image's pool is made by the first open: that burst started its own sandboxes (the floor's
+            # warm one may start beside them).
+            assert first["cold_opens"] >= 1 and first["created"] >= first["cold_opens"]
             deadline = time.monotonic() + 60
             while (figures := _pool_figures(srv.metrics_port, image))["depth"] < burst:
                 assert time.monotonic() < deadline, figures
@@ -184,7 +187,8 @@ def test_a_task_image_is_warm_after_the_first_burst(backend, task_images, tmp_pa
             open_burst(warm)
             after = _pool_figures(srv.metrics_port, image)
             assert after["created"] >= 2 * burst and after["in_use"] == 0
-            # The second burst took warm sandboxes: no open waited for a sandbox start.
-            assert max(warm) < min(cold), (warm, cold)
+            # The second burst took warm sandboxes: no open waited for a sandbox start (the server's count; the
+            # times are in the message: under bwrap a start is short enough for timing noise to hide it).
+            assert after["cold_opens"] == first["cold_opens"], (first, after, warm, cold)
     finally:
         srv.terminate()

@@ -77,7 +77,8 @@ def test_metrics_endpoint(server, stub, backend):
     # Every image's pool, by image: the python session opened and closed was counted on the main image.
     image = f'image="{SANDBOX_IMAGE}"'
     for name in ("tito_pool_depth", "tito_pool_target", "tito_pool_in_use", "tito_pool_admission_waiting",
-                 "tito_pool_created_total", "tito_pool_failed_total", "tito_pool_busy_total"):
+                 "tito_pool_created_total", "tito_pool_failed_total", "tito_pool_busy_total",
+                 "tito_pool_cold_opens_total"):
         assert re.search(rf"^{name}{{{image}}} \d", text, re.M), name
     assert float(re.search(rf"^tito_pool_created_total{{{image}}} (\S+)$", text, re.M).group(1)) >= 1
     if backend == "bwrap":  # the memory its sandboxes' cgroups hold (this machine lets root write cgroups)
