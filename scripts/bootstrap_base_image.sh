@@ -8,7 +8,9 @@
 # Usage: scripts/bootstrap_base_image.sh [TAG]        (default tag: tito-base:bookworm)
 # Env:   TITO_DEBIAN_SUITE (bookworm), TITO_DEBIAN_MIRROR (http://deb.debian.org/debian), TITO_ROOTFS_DIR,
 #        TITO_FORCE_BOOTSTRAP=1 to rebuild an existing image.
-# Idempotent: does nothing when the image already exists. Needs root (debootstrap), a Docker daemon and .venv.
+#        TITO_BUILD_PYTHON: the interpreter that runs the builder (default .venv/bin/python, else python3 >= 3.11;
+#        the builder needs only the standard library, so setup runs this beside pip install).
+# Idempotent: does nothing when the image already exists. Needs root (debootstrap) and a Docker daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +28,8 @@ if [ "${TITO_FORCE_BOOTSTRAP:-0}" != 1 ] && docker image inspect "$TAG" >/dev/nu
 fi
 
 [ "$(id -u)" = 0 ] || die "debootstrap needs root; run as root or import a base image yourself"
-[ -x .venv/bin/python ] || die ".venv is missing: run scripts/setup.sh (it makes .venv first)"
+# shellcheck source=scripts/build_python.sh
+. scripts/build_python.sh
 
 if ! command -v debootstrap >/dev/null 2>&1; then
     log "installing debootstrap (apt-get)"
@@ -36,10 +39,10 @@ if ! command -v debootstrap >/dev/null 2>&1; then
 fi
 
 start=$SECONDS
-build=(.venv/bin/python -m env_server.sandbox.bwrap.rootfs_build)
+build=("$BUILD_PYTHON" -m env_server.sandbox.bwrap.rootfs_build)
 [ "${TITO_FORCE_BOOTSTRAP:-0}" = 1 ] && build+=(--force)
 "${build[@]}" base --name "base-$SUITE" --suite "$SUITE"
-tree="$(.venv/bin/python -c 'from env_server.sandbox.bwrap import rootfs; print(rootfs.default_rootfs_dir())')/base-$SUITE/root"
+tree="$("$BUILD_PYTHON" -c 'from env_server.sandbox.bwrap import rootfs; print(rootfs.default_rootfs_dir())')/base-$SUITE/root"
 [ -x "$tree/usr/bin/python3" ] || die "python3 missing in $tree"
 
 log "docker import $tree -> $TAG"

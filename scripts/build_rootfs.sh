@@ -14,15 +14,18 @@
 #                             servers look in the same place, or in sandbox.bwrap.rootfs_dir)
 #        TITO_FORCE_ROOTFS=1  rebuild what is current
 #        TITO_ROOTFS_FROM_TAR the base from this tarball instead of debootstrap
+#        TITO_BUILD_PYTHON    the builder's interpreter (default .venv/bin/python, else python3 >= 3.11: base and
+#                             sandbox need only the standard library)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '[rootfs] %s\n' "$*"; }
 die() { printf '[rootfs] ERROR: %s\n' "$*" >&2; exit 1; }
 
-[ -x .venv/bin/python ] || die ".venv is missing: run scripts/setup.sh (it makes .venv first)"
+# shellcheck source=scripts/build_python.sh
+. scripts/build_python.sh
 command -v bwrap >/dev/null 2>&1 || die "bwrap not found: apt-get install bubblewrap (TITO_SANDBOX_BACKEND=bwrap scripts/setup.sh does)"
-build=(.venv/bin/python -m env_server.sandbox.bwrap.rootfs_build)
+build=("$BUILD_PYTHON" -m env_server.sandbox.bwrap.rootfs_build)
 [ "${TITO_FORCE_ROOTFS:-0}" = 1 ] && build+=(--force)
 
 targets=("$@")
