@@ -46,6 +46,37 @@ ca_bundle() {
     return 1
 }
 
+# The server image's dependencies from the wheels this host already has (pip's cache, filled when .venv was
+# installed): `pip download` of the same versions as .venv into .build/server-wheels, which the Dockerfile
+# installs with --no-index. Only when the base image's Python is .venv's (same wheel tags); otherwise, and
+# without .venv, the Dockerfile installs from the index as before. Redone when the pins change.
+server_wheels() {
+    local dir=.build/server-wheels base_py venv_py want
+    rm -rf "$dir.tmp"
+    if [ ! -x .venv/bin/python ]; then rm -rf "$dir"; return 0; fi
+    base_py=$(docker run --rm --network none --entrypoint python3 "$BASE" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) || base_py=none
+    venv_py=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    if [ "$base_py" != "$venv_py" ]; then
+        log "server image: base Python $base_py is not .venv's $venv_py; its dependencies come from the index"
+        rm -rf "$dir"; return 0
+    fi
+    # The server's requirements pinned to what .venv has (pip freeze as constraints; not the project itself).
+    .venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >.build/server-requirements.txt
+    .venv/bin/python -m pip freeze --exclude-editable --disable-pip-version-check | grep -v ' @ ' >.build/server-constraints.txt || true
+    want=$(cat .build/server-requirements.txt .build/server-constraints.txt | sha256sum | cut -c1-16)
+    if [ "$(cat "$dir/.pins" 2>/dev/null)" = "$want" ]; then return 0; fi
+    local start=$SECONDS
+    if ! .venv/bin/python -m pip download --quiet --disable-pip-version-check --only-binary=:all: -d "$dir.tmp" \
+            -r .build/server-requirements.txt -c .build/server-constraints.txt >.build/server-wheels.log 2>&1; then
+        log "server image: pip download from the host's cache failed (.build/server-wheels.log); the image installs from the index"
+        rm -rf "$dir" "$dir.tmp"; return 0
+    fi
+    echo "$venv_py" >"$dir.tmp/.python"
+    echo "$want" >"$dir.tmp/.pins"
+    rm -rf "$dir" && mv "$dir.tmp" "$dir"
+    log "server image: $(find "$dir" -name '*.whl' | wc -l) wheels of .venv's versions in $dir ($((SECONDS - start)) s)"
+}
+
 run_build() {  # tag, then docker build args
     local tag=$1 start=$SECONDS logf
     shift
@@ -73,6 +104,7 @@ for t in "${targets[@]}"; do
             else
                 rm -f .build/ca-certificates.crt
             fi
+            server_wheels
             run_build "$SERVER_IMAGE" -f env_server/Dockerfile .
             ;;
         scientific)
@@ -82,7 +114,15 @@ for t in "${targets[@]}"; do
                 'import sys; print("%d.%d" % sys.version_info[:2])') || die "cannot run python3 in $SANDBOX_IMAGE"
             site=$(bash scripts/scientific_site.sh "$pyver") || die "could not install the scientific packages"
             ctx=$(dirname "$site")
-            run_build "$SCIENTIFIC_IMAGE" --build-arg "SANDBOX_IMAGE=$SANDBOX_IMAGE" \
+            # Its context is a few hundred MB of packages: sending it again takes ~10 s even when every layer is
+            # cached, so a label records the inputs (the packages' stamp, the Dockerfile, the sandbox image) and an
+            # image with the same label is kept.
+            inputs=$( { cat "$ctx/stamp" sandbox_images/scientific/Dockerfile; docker image inspect -f '{{.Id}}' "$SANDBOX_IMAGE"; } | sha256sum | cut -c1-16)
+            if [ "$(docker image inspect -f '{{index .Config.Labels "tito.inputs"}}' "$SCIENTIFIC_IMAGE" 2>/dev/null)" = "$inputs" ]; then
+                log "$SCIENTIFIC_IMAGE up to date (inputs $inputs)"
+                continue
+            fi
+            run_build "$SCIENTIFIC_IMAGE" --build-arg "SANDBOX_IMAGE=$SANDBOX_IMAGE" --label "tito.inputs=$inputs" \
                 -f sandbox_images/scientific/Dockerfile "$ctx"
             ;;
         tasks)
