@@ -15,7 +15,8 @@
 # demo reuses it (compose recreates it only when the image or config changed). The --local server is
 # always stopped when the demo ends. Compose is used when `docker compose` works, else --local.
 # Env: TITO_PORT (50051), TITO_METRICS_PORT (9464), TITO_DEMO_MODE=compose|local, TITO_SANDBOX_BACKEND=docker|bwrap,
-#      TITO_DEMO_JOB=scripted (run the scripted client session even when the trainer is there).
+#      TITO_DEMO_JOB=scripted (run the scripted client session even when the trainer is there),
+#      TITO_SETUP_PROFILE (demo: set up only what the demo needs; full: everything, as scripts/test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,6 +36,7 @@ die() { printf '[demo] ERROR: %s\n' "$*" >&2; exit 1; }
 
 PORT=${TITO_PORT:-50051}
 TARGET=127.0.0.1:$PORT
+DEMO_T0=$SECONDS
 mkdir -p runs/demo
 if [ "${TITO_SANDBOX_BACKEND:-docker}" = bwrap ]; then
     # setup.sh reads TITO_SANDBOX_BACKEND; the server reads its config's name for it.
@@ -42,11 +44,14 @@ if [ "${TITO_SANDBOX_BACKEND:-docker}" = bwrap ]; then
     MODE=local
 fi
 
+# Only what the demo runs (setup's demo profile: no vLLM, no scientific or task images); scripts/test.sh sets up the rest.
+export TITO_SETUP_PROFILE=${TITO_SETUP_PROFILE:-demo}
 if [ "$MODE" = local ]; then
     TITO_SKIP_SERVER_IMAGE=1 bash scripts/setup.sh
 else
     bash scripts/setup.sh
 fi
+SETUP_S=$((SECONDS - DEMO_T0))
 # shellcheck disable=SC1091
 [ -f .build/setup.env ] && . .build/setup.env
 export TITO_BASE_IMAGE COMPOSE_BAKE=false
@@ -100,6 +105,8 @@ if [ -x .venv/bin/grpcurl ]; then  # TITO_INSTALL_GRPCURL=1 scripts/setup.sh put
 fi
 
 export TITO_ENV_TARGET=$TARGET
+SERVER_S=$((SECONDS - DEMO_T0 - SETUP_S))
+JOB_T0=$SECONDS
 rc=0
 if [ "${TITO_DEMO_JOB:-auto}" != scripted ] && [ -f trainer/__main__.py ] && [ -f examples/demo.yaml ]; then
     log "main job: .venv/bin/python -m trainer --config examples/demo.yaml --output-dir runs/demo --env-address $TARGET"
@@ -117,5 +124,6 @@ if [ "$MODE" = compose ]; then
         log "the environment server is left running on $TARGET; stop it with: docker compose down"
     fi
 fi
+log "times: setup ${SETUP_S} s, server up ${SERVER_S} s, main job $((SECONDS - JOB_T0)) s; ${SECONDS} s in all"
 [ "$rc" = 0 ] && log "demo finished OK" || log "demo FAILED (exit $rc)"
 exit "$rc"

