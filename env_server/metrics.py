@@ -75,7 +75,14 @@ class PoolCollector(Collector):
                                      labels=["image", "backend", "limit"])
         memory = GaugeMetricFamily("tito_sandbox_memory_bytes", "Memory charged to the live sandboxes of each image's "
                                    "pool (bwrap: their cgroups).", labels=["image", "backend"])
+        disk = GaugeMetricFamily("tito_sandbox_disk_free_bytes", "Free space on the disk the backend writes per sandbox "
+                                 "(Docker's data root; bwrap: the root filesystems'); under sandbox.min_free_disk_mb "
+                                 "no sandbox starts.", labels=["backend", "path"])
+        disks: dict[tuple[str, str], int] = {}
         for image, pool in self.pools().items():
+            free = pool.backend.disk.free_bytes()
+            if free is not None and pool.backend.disk.path:
+                disks[(pool.backend.name, pool.backend.disk.path)] = free
             for limit in pool.backend.unenforced_limits:
                 fallback.add_metric([image, pool.backend.name, limit], 1)
             stats = pool.backend.stats()
@@ -91,5 +98,8 @@ class PoolCollector(Collector):
             counters["cold"].add_metric([image], pool.cold_total)
         yield from gauges.values()
         yield from counters.values()
+        for (backend_name, path), free in disks.items():
+            disk.add_metric([backend_name, path], free)
         yield fallback
         yield memory
+        yield disk

@@ -8,6 +8,7 @@ backend started it. Everything above (`Sandbox`, the pools, the environments) is
     start(config, ...)    one sandbox, started, its REPL ready: a `StartedSandbox`              [async]
     sweep(...)            remove what earlier instances of this server name left behind          [blocking]
     limits_note           which configured limits this backend cannot enforce here, or None
+    disk                  the disk it writes per sandbox (disk.py), checked before every start
     stats()               figures for /metrics                                                  [blocking]
     close()
 
@@ -24,6 +25,7 @@ import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from .disk import DiskGuard
 from .runtime import repl_protocol as protocol
 
 if TYPE_CHECKING:
@@ -75,6 +77,8 @@ class SandboxBackend(abc.ABC):
         self.config = config
         self.server_name = server_name
         self.instance_id = instance_id
+        # Set by probe() once the backend knows where it writes; until then nothing is checked.
+        self.disk = DiskGuard(None, "", 0)
 
     @abc.abstractmethod
     def probe(self, image: str) -> None:
@@ -112,6 +116,10 @@ class SandboxBackend(abc.ABC):
         """Figures for /metrics, read when scraped: `memory_bytes`, the memory charged to this instance's live
         sandboxes, where the backend can read it cheaply."""
         return {}
+
+    def check_disk(self) -> None:
+        """Raises BackendUnavailable when the backend's disk is nearly full (cheap: one statvfs)."""
+        self.disk.check()
 
     def close(self) -> None:
         """Releases the backend's own resources (clients, files); sandboxes are removed by the pool."""

@@ -127,6 +127,11 @@ class SandboxConfig(BaseModel):
     value_cap_chars: int = Field(16 * 1024, gt=0)  # repr of the last expression / traceback
     max_code_bytes: int = Field(1024 * 1024, gt=0)
 
+    # Disk (disk.py): no sandbox starts while the backend's disk (Docker's data root; bwrap: the root filesystems')
+    # has less free; 0 turns the check off. disk_path: watch this path instead (the data root as this server sees it).
+    min_free_disk_mb: int = Field(256, ge=0)
+    disk_path: str | None = None
+
     labels: dict[str, str] = Field(default_factory=dict)  # extra labels on every container
     environment: dict[str, str] = Field(default_factory=dict)
 

@@ -221,6 +221,11 @@ class SandboxPool:
 
     async def _create(self) -> Sandbox:
         assert self._executor is not None
+        try:
+            self.backend.check_disk()
+        except BackendUnavailable as exc:  # not ready (health follows) until a probe finds space again
+            self._enter(PoolState.UNAVAILABLE, str(exc))
+            raise
         sb = await Sandbox.create(self.backend, self.sandbox_config, executor=self._executor,
                                   timeout_s=self.pool_config.create_timeout_s)
         self._made.add(sb)

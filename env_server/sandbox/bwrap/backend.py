@@ -30,6 +30,7 @@ from pathlib import Path
 from ..backend import ExitInfo, SandboxBackend, StartedSandbox
 from ..channel import ChannelClosed, ReplChannel
 from ..config import SandboxConfig
+from ..disk import guard_for
 from ..errors import BackendUnavailable, SandboxError
 from ..runtime import repl_protocol as protocol
 from . import command, rootfs
@@ -231,7 +232,11 @@ class BwrapBackend(SandboxBackend):
             note = self.limits_note
             if note:
                 log.warning("bwrap sandboxes: %s", note)
+        if self.disk.path is None:
+            self.disk = guard_for(str(self.rootfs_dir), "the root filesystems", override=self.config.disk_path,
+                                  min_free_mb=self.config.min_free_disk_mb)
         self._images[image] = rootfs.load(self.rootfs_dir, image)
+        self.check_disk()
         if image not in self._tried:
             self._smoke_test(self._images[image])
             self._tried.add(image)

@@ -15,6 +15,7 @@ import docker.errors
 
 from ..backend import SandboxBackend, StartedSandbox
 from ..config import BUILD_HINT, SandboxConfig
+from ..disk import guard_for
 from ..errors import BackendUnavailable, SandboxError
 from .container import ContainerHandle
 from .labels import LABEL_INSTANCE, selector
@@ -43,8 +44,13 @@ class DockerBackend(SandboxBackend):
             self.client.ping()
             self.client.api.inspect_image(image)
             runtime = self.config.runtime
+            if self.disk.path is None or runtime != "runc":
+                info = self.client.info()
+                if self.disk.path is None:
+                    self.disk = guard_for(info.get("DockerRootDir"), "Docker's data root", override=self.config.disk_path,
+                                          min_free_mb=self.config.min_free_disk_mb)
             if runtime != "runc":
-                known = (self.client.info().get("Runtimes") or {}).keys()
+                known = (info.get("Runtimes") or {}).keys()
                 if runtime not in known:
                     raise BackendUnavailable(
                         f"the Docker daemon has no runtime {runtime!r} (it has: {', '.join(sorted(known))}); for "
@@ -57,6 +63,7 @@ class DockerBackend(SandboxBackend):
                 f"Docker daemon unreachable ({exc}); start dockerd or set DOCKER_HOST, and make sure the image "
                 f"{image!r} exists ({BUILD_HINT}); or run sandboxes without Docker: sandbox.backend=bwrap "
                 "(docs/setup.md)") from None
+        self.check_disk()
 
     def missing_task_image(self, quoted_image: str) -> str:
         return (f"the task image {quoted_image} is not on this server's Docker daemon; build it on that daemon "
