@@ -1,6 +1,6 @@
 """An open storm: N OpenSession calls at once against a real server, next to one cold container start.
 
-    .venv/bin/python bench/bench_storm.py [--sessions 256] [--pool-size 2]
+    .venv/bin/python bench/bench_storm.py [--sessions 256] [--pool-size 2] [--max-sessions 1024|auto]
 
 Prints the storm's wall time (first open sent -> last session ready), how many opens failed and why,
 the open latency p50/p99, and the baseline measured in the same run: the time one cold sandbox takes
@@ -68,6 +68,9 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=256, help="opens sent at once (default 256)")
     ap.add_argument("--pool-size", type=int, default=2, help="the server's warm pool target size (default 2)")
     ap.add_argument("--cold-tries", type=int, default=5)
+    ap.add_argument("--max-sessions", default="1024",
+                    help="the server's max_sessions (default 1024; 'auto' sizes it from this machine, and the opens "
+                         "past it must be answered RESOURCE_EXHAUSTED)")
     args = ap.parse_args()
     why = docker_available()
     if why:
@@ -79,7 +82,7 @@ def main() -> int:
         single = asyncio.run(cold_start_s(cold.address, args.cold_tries))
     finally:
         cold.terminate()
-    srv = start_server(tmp, env={"TITO_POOL__TARGET_SIZE": str(args.pool_size), "TITO_MAX_SESSIONS": "1024"})
+    srv = start_server(tmp, env={"TITO_POOL__TARGET_SIZE": str(args.pool_size), "TITO_MAX_SESSIONS": args.max_sessions})
     try:
         wall, lat, failures = asyncio.run(storm(srv.address, args.sessions))
         slots = _start_slots(srv)

@@ -97,7 +97,15 @@ class ServerConfig(BaseSettings):
     idle_ttl_s: float = Field(300.0, gt=0, description="A session untouched this long is closed.")
     hard_ttl_s: float = Field(3600.0, gt=0, description="A session is closed this long after opening.")
     reap_interval_s: float = Field(1.0, gt=0, description="How often expired sessions are looked for.")
-    max_sessions: int = Field(512, ge=1)
+    max_sessions: int | Literal["auto"] = Field(
+        "auto",
+        description="Open sessions at once. auto: sized from this machine (capacity.py: memory at session_memory_mb "
+                    "a session, file descriptors, process ids, and docker_max_containers with Docker); a number is "
+                    "kept as given. Opens past it get RESOURCE_EXHAUSTED naming the limit.",
+    )
+    session_memory_mb: int = Field(32, ge=1, description="Memory budgeted per session when max_sessions is auto.")
+    docker_max_containers: int = Field(400, ge=1, description="Containers one dockerd is trusted with (max_sessions "
+                                                              "auto, Docker backend).")
     environments: list[str] = Field(
         default_factory=list,
         description="Extra environment classes as 'package.module:ClassName' (or a module path).",

@@ -106,7 +106,8 @@ class Engine:
             if not reserved:
                 raise RequestError(
                     ErrorKind.RESOURCE_EXHAUSTED,
-                    f"the server holds its maximum of {self.sessions.max_sessions} sessions; close some or retry later",
+                    f"the server holds its maximum of {self.sessions.max_sessions} sessions "
+                    f"({self.sessions.limit_why or 'max_sessions'}); close some or retry later",
                 )
             env = await self._start_environment(env_cls, env_args, pool)
             session_id = env.sandbox.session_id if env.sandbox is not None else new_session_id()

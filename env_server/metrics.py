@@ -24,6 +24,8 @@ class ServerMetrics:
     def __post_init__(self) -> None:
         r = self.registry
         self.sessions_active = Gauge("tito_sessions_active", "Open sessions.", registry=r)
+        self.sessions_limit = Gauge("tito_sessions_limit", "Sessions admitted at once (max_sessions; auto: sized "
+                                    "from this machine, see the start-up log).", registry=r)
         self.sessions_opened = Counter("tito_sessions_opened_total", "Sessions opened.", ["environment"], registry=r)
         self.sessions_closed = Counter(
             "tito_sessions_closed_total", "Sessions closed, by reason.", ["reason"], registry=r

@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from env_server.auth import TokenAuthInterceptor, load_tokens, server_credentials
+from env_server.capacity import session_capacity
 from env_server.config import ServerConfig
 from env_server.engine import Engine
 from env_server.environments.loader import load_environments
@@ -52,7 +53,11 @@ class EnvServer:
                 self.pools.add_environment(name, self.config.environment_images.get(name) or env_cls.sandbox_image)
         self.tokenizers = TokenizerRegistry(max_entries=self.config.tokenizer_cache_size,
                                             max_upload_bytes=self.config.max_tokenizer_bytes)
-        self.sessions = SessionRegistry(self.config.max_sessions, on_closed=self._on_session_closed)
+        self.capacity = session_capacity(self.config.max_sessions, self.config.sandbox.backend,
+                                         session_memory_mb=self.config.session_memory_mb,
+                                         docker_max_containers=self.config.docker_max_containers)
+        self.sessions = SessionRegistry(self.capacity.limit, on_closed=self._on_session_closed,
+                                        limit_why=self.capacity.why)
         self.health = health.aio.HealthServicer()
         # Read now, so a bad file stops `python -m env_server` before anything starts.
         self.tokens = load_tokens(self.config.auth.tokens_file) if self.config.auth.tokens_file else ()
@@ -110,6 +115,9 @@ class EnvServer:
         except Exception:
             log.exception("renderer self-check failed: health stays NOT_SERVING")
         await self._update_health()
+        log.info("max %d sessions (%s; bounds: %s)", self.capacity.limit, self.capacity.why,
+                 ", ".join(f"{k} {v}" for k, v in self.capacity.bounds.items()))
+        self.metrics.sessions_limit.set(self.capacity.limit)
         log.info(
             "tito env server %s (%s) listening on %s (%s); environments: %s",
             self.config.server_name,

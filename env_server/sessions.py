@@ -52,8 +52,10 @@ class SessionRegistry:
         max_sessions: int,
         on_closed: Callable[[Session, str], None] | None = None,
         tombstones: int = 10_000,
+        limit_why: str = "",
     ) -> None:
         self.max_sessions = max_sessions
+        self.limit_why = limit_why  # what set max_sessions (capacity.py), for the RESOURCE_EXHAUSTED message
         self._sessions: dict[str, Session] = {}
         self._reserved = 0  # sessions being opened (their sandbox is on its way)
         # Closed ids and why, so a late Step gets "closed (idle TTL expired)" rather than "unknown".

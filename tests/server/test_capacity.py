@@ -1,0 +1,54 @@
+"""Admission sized from the machine (max_sessions: auto, env_server/capacity.py): opens past the limit are answered
+RESOURCE_EXHAUSTED naming what set it, at once, and the server goes on (issue "operations", point 3). The
+1,000-open storm against the auto limit is bench/bench_storm.py --sessions 1000 --max-sessions auto."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+from tests.harness import start_server
+from tests.sessions import open_session, rpc_error, run
+from tito.v1 import environment_pb2 as pb
+
+
+def test_auto_limit_refuses_what_the_memory_budget_cannot_hold(backend, tmp_path):
+    mem_mib = next(int(l.split()[1]) // 1024 for l in Path("/proc/meminfo").read_text().splitlines()
+                   if l.startswith("MemTotal:"))
+    # A session budgeted at all of the machine's memory: 80 % of it holds none, and the floor is one.
+    srv = start_server(tmp_path, backend=backend, env={"TITO_SESSION_MEMORY_MB": str(mem_mib),
+                                                      "TITO_POOL__TARGET_SIZE": "1"})
+    stub = srv.stub()
+    try:
+        assert re.search(r"max 1 sessions \(auto: 80% of [\d.]+ GiB at \d+ MiB a session \(session_memory_mb\); "
+                         r"bounds: memory 0, fds \d+, pids \d+", srv.log()), srv.log()[-2000:]
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=5).read().decode()
+        assert re.search(r"^tito_sessions_limit 1\.0$", metrics, re.M)
+
+        def try_open(_: int) -> str | grpc.RpcError:
+            try:
+                return open_session(stub)
+            except grpc.RpcError as exc:
+                return exc
+
+        with ThreadPoolExecutor(4) as ex:
+            outcomes = list(ex.map(try_open, range(4)))
+        opened = [o for o in outcomes if isinstance(o, str)]
+        refused = [o for o in outcomes if not isinstance(o, str)]
+        assert len(opened) == 1 and len(refused) == 3, outcomes
+        for err in refused:
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
+            assert re.search(r"the server holds its maximum of 1 sessions \(auto: 80% of [\d.]+ GiB at \d+ MiB a "
+                             r"session \(session_memory_mb\)\); close some or retry later", err.details()), err.details()
+        assert run(stub, opened[0], 1, "'held'").tool_messages[0].content == "Out: 'held'"
+        stub.CloseSession(pb.CloseSessionRequest(session_id=opened[0]))
+        sid = open_session(stub)  # the place is free again
+        stub.CloseSession(pb.CloseSessionRequest(session_id=sid))
+        err = rpc_error(lambda: [open_session(stub) for _ in range(2)])
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        srv.terminate()
