@@ -38,6 +38,12 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"vLLM test skipped but TITO_REQUIRE_VLLM requires it to run (scripts/setup.sh installs vLLM): {reason}"
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameters
+def pytest_collection_modifyitems(config, items):
+    """Tests that restart dockerd run last: every other test's servers and containers are gone by then."""
+    items.sort(key=lambda item: item.get_closest_marker("daemon_restart") is not None)
+
+
 @pytest.fixture(scope="session")
 def docker_ok() -> None:
     why = docker_available()

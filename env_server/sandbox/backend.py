@@ -7,6 +7,7 @@ backend started it. Everything above (`Sandbox`, the pools, the environments) is
     probe(image)          is the backend usable, and is the image (its root filesystem) there?   [blocking]
     start(config, ...)    one sandbox, started, its REPL ready: a `StartedSandbox`              [async]
     sweep(...)            remove what earlier instances of this server name left behind          [blocking]
+    remove_stopped()      remove this instance's stopped sandboxes a failed removal left          [blocking]
     limits_note           which configured limits this backend cannot enforce here, or None
     disk                  the disk it writes per sandbox (disk.py), checked before every start
     stats()               figures for /metrics                                                  [blocking]
@@ -116,6 +117,11 @@ class SandboxBackend(abc.ABC):
         """Figures for /metrics, read when scraped: `memory_bytes`, the memory charged to this instance's live
         sandboxes, where the backend can read it cheaply."""
         return {}
+
+    def remove_stopped(self) -> int:
+        """Removes this instance's sandboxes that stopped and are still there: removals that failed while the
+        backend was unreachable (dockerd restarting). The pool calls it when it recovers; returns how many."""
+        return 0
 
     def check_disk(self) -> None:
         """Raises BackendUnavailable when the backend's disk is nearly full (cheap: one statvfs)."""

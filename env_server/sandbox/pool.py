@@ -175,8 +175,17 @@ class SandboxPool:
         if not self._swept:
             self._swept = True
             await self.sweep()
+        recovered = self.state is PoolState.UNAVAILABLE
         if not self._closed:
             self._enter(PoolState.READY)
+        if recovered:  # removals that failed while the backend was away (dockerd restarting) are done now
+            try:
+                removed = await self._run(self.backend.remove_stopped)
+            except Exception as exc:  # noqa: BLE001 - a failed clean-up must not stop the pool
+                log.warning("could not remove the sandboxes that stopped while the backend was unreachable: %s", exc)
+            else:
+                if removed:
+                    log.info("removed %d sandbox(es) that stopped while the backend was unreachable", removed)
         return True
 
     async def sweep(self) -> int:

@@ -27,6 +27,8 @@ from .runtime import repl_protocol as protocol
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
+# How long a lost sandbox's Step waits for the backend to say why (exit code, OOM kill) before answering without it.
+_DEATH_INSPECT_S = 8.0
 
 
 def new_session_id() -> str:
@@ -278,10 +280,15 @@ class Sandbox:
         if self._destroyed:
             return "sandbox destroyed"
         try:
-            info = await self._run(self.handle.exit_info, 5.0)
+            # Bounded: a backend that hangs (dockerd shutting down holds its connections open) must not hold the Step
+            # past its timeout; the blocked call finishes in its executor thread.
+            info = await asyncio.wait_for(self._run(self.handle.exit_info, 5.0), _DEATH_INSPECT_S)
             reason = exit_reason(info, self.config.mem_limit_bytes)
         except SandboxError as exc:  # e.g. removed from outside
             reason = str(exc)
+        except TimeoutError:
+            reason = (f"REPL channel closed ({self._channel.close_reason}); the {self.config.backend} backend did not "
+                      f"say why within {_DEATH_INSPECT_S:.0f} s (a daemon stopping or overloaded)")
         except Exception as exc:  # noqa: BLE001
             reason = f"REPL channel closed ({self._channel.close_reason}); inspect failed: {exc}"
         self.lost_reason = reason

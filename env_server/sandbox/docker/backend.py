@@ -102,6 +102,17 @@ class DockerBackend(SandboxBackend):
         remove_instance_dirs(self.config.socket_dir, self.server_name, keep=keep_instance, only=only_instance)
         return removed
 
+    def remove_stopped(self) -> int:
+        removed = 0
+        api = self.client.api
+        filters = {**selector(server=self.server_name, instance=self.instance_id), "status": ["exited", "dead"]}
+        for c in api.containers(all=True, filters=filters):
+            try:
+                removed += ContainerHandle(api, c["Id"]).remove()
+            except docker.errors.APIError as exc:
+                log.warning("could not remove stopped container %s: %s", c["Id"][:12], exc)
+        return removed
+
     def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:

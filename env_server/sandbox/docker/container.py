@@ -14,6 +14,7 @@ from typing import Any
 
 import docker
 import docker.errors
+import requests
 
 from ..backend import ExitInfo
 from ..errors import SandboxError
@@ -53,6 +54,10 @@ class ContainerHandle:
             state = self.api.inspect_container(self.id)["State"]
         except docker.errors.NotFound:
             raise SandboxError("container removed from outside") from None
+        except (requests.exceptions.ConnectionError, OSError) as exc:
+            # dockerd stopping stops its containers (unless it runs with live-restore): the likely cause.
+            raise SandboxError(f"the Docker daemon could not be reached ({type(exc).__name__}): it stopped or "
+                               "restarted, which stops its containers") from None
         if state.get("Running"):
             self.signal("SIGKILL")
         code = state.get("ExitCode")
