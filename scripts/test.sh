@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: scripts/setup.sh (idempotent; fast when done), then pytest over tests/.
+# Runs the whole test suite: scripts/setup.sh (idempotent; fast when done), then pytest over tests/ (without
+# arguments: tests/rendering on two workers, then the rest in one process).
 # Extra arguments go to pytest, e.g.  ./scripts/test.sh -k sandbox -x    or    ./scripts/test.sh -m "not docker"
 # Env: TITO_SKIP_SETUP=1 skips setup (the .venv must exist). Setup's own switches apply (see setup.sh).
 set -euo pipefail
@@ -28,9 +29,22 @@ fi
 export TITO_REQUIRE_DOCKER=${TITO_REQUIRE_DOCKER:-1}  # a docker test that skips fails: setup must have worked
 # Likewise the real-engine vLLM tests (setup installs vLLM's CPU build); TITO_SKIP_VLLM=1 lets them skip.
 if [ "${TITO_SKIP_VLLM:-0}" = 1 ]; then export TITO_REQUIRE_VLLM=${TITO_REQUIRE_VLLM:-0}; else export TITO_REQUIRE_VLLM=${TITO_REQUIRE_VLLM:-1}; fi
-echo "[test] .venv/bin/python -m pytest -p no:cacheprovider --durations=25 $*"
 rc=0
-.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@" || rc=$?
+if [ $# -eq 0 ] && .venv/bin/python -c "import xdist" 2>/dev/null; then
+    # The whole suite in two runs: tests/rendering (pure CPU, no Docker, no shared state) on two workers, then
+    # everything else in one process (servers, containers and dockerd itself are shared there).
+    T0=$SECONDS
+    echo "[test] .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n 2 tests/rendering"
+    .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n 2 tests/rendering || rc=$?
+    echo "[test] .venv/bin/python -m pytest -p no:cacheprovider --durations=25 tests --ignore=tests/rendering"
+    rc2=0
+    .venv/bin/python -m pytest -p no:cacheprovider --durations=25 tests --ignore=tests/rendering || rc2=$?
+    [ "$rc" != 0 ] || rc=$rc2
+    echo "[test] both runs took $((SECONDS - T0)) s"
+else
+    echo "[test] .venv/bin/python -m pytest -p no:cacheprovider --durations=25 $*"
+    .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@" || rc=$?
+fi
 case $rc in
     0) echo "[test] all tests passed" ;;
     5) echo "[test] ERROR: pytest collected no tests (exit 5); treating that as a failure" >&2; rc=1 ;;

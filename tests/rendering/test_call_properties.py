@@ -56,8 +56,9 @@ CALLS = st.lists(
     ),
     min_size=1, max_size=2,
 )
-# 12 examples per family in the test command (its time budget); TITO_PROPERTY_EXAMPLES=250 is the deep run.
-SETTINGS = settings(max_examples=int(os.environ.get("TITO_PROPERTY_EXAMPLES", "12")), deadline=None,
+# 5 examples per family in the test command (its time budget: each example mixes many of the hazards, and the
+# examples are derandomized, so every run checks the same 5); TITO_PROPERTY_EXAMPLES=250 is the deep run.
+SETTINGS = settings(max_examples=int(os.environ.get("TITO_PROPERTY_EXAMPLES", "5")), deadline=None,
                     derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
