@@ -23,7 +23,7 @@
 # compose or images); servers there run with sandbox.backend=bwrap (TITO_SANDBOX__BACKEND=bwrap).
 #
 # Profiles (TITO_SETUP_PROFILE): `full` (the default; scripts/test.sh) sets up everything; `demo`
-# (scripts/demo.sh) only what the demo runs: the project with the trainer extra, no vLLM, no fetched chat
+# (scripts/demo.sh) only what the demo runs: the project with the trainer and demo extras, no vLLM, no fetched chat
 # templates (the demo's comes with trl), no scientific or task images (or root filesystems), no gVisor.
 # Missing Debian packages are installed first in one apt-get; then the Python steps (1, 1b, templates) run in
 # the background (their output in .build/setup-python.log, shown when they end) beside the Docker steps up to
@@ -65,7 +65,7 @@ PROFILE=${TITO_SETUP_PROFILE:-full}
 case "$PROFILE" in
     full) EXTRAS=${TITO_EXTRAS:-trainer,test} ;;
     demo)  # what scripts/demo.sh runs; an explicit TITO_SKIP_*=0 still wins
-        EXTRAS=${TITO_EXTRAS:-trainer}
+        EXTRAS=${TITO_EXTRAS:-trainer,demo}
         : "${TITO_SKIP_VLLM:=1}" "${TITO_SKIP_TEMPLATES:=1}" "${TITO_SKIP_SCIENTIFIC_IMAGE:=1}" "${TITO_SKIP_TASK_IMAGES:=1}"
         ;;
     *) printf '[setup] ERROR: TITO_SETUP_PROFILE=%s: full or demo\n' "$PROFILE" >&2; exit 2 ;;
