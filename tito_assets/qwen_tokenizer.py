@@ -21,10 +21,10 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import atomic_write
 from .template_sources import sources, template_text
 from .template_tokens import TemplateTokens, template_tokens
 
@@ -134,17 +134,11 @@ def _base_tokenizer_json(cache_dir: Path) -> str:
         if tok.get_vocab_size() != QWEN_BASE_VOCAB:
             raise RuntimeError(f"expected {QWEN_BASE_VOCAB} base tokens, got {tok.get_vocab_size()}")
         text = tok.to_str()
-        _atomic_write(path, text.encode("utf-8"))
+        atomic_write(path, text.encode("utf-8"))
     _BASE_JSON["qwen"] = text
     return text
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _template_tokens(template: str, template_text: str) -> TemplateTokens:
@@ -232,8 +226,8 @@ def build_tokenizer_dir(
     files = build_tokenizer_files(template, cache)
     target.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
-        _atomic_write(target / name, data)
-    _atomic_write(stamp, key.encode())
+        atomic_write(target / name, data)
+    atomic_write(stamp, key.encode())
     return target
 
 
