@@ -347,11 +347,26 @@ choose_base_image() {
 
 build_images() {  # the sandbox image is built early (docker_steps_early); these need .venv
     step "Images"
+    # The scientific image (pip, then a large build context) beside the server image (apt and pip in a build):
+    # they wait on different things. Its output is shown when it ends.
+    local sci_pid= sci_rc=0
+    if [ "${TITO_SKIP_SCIENTIFIC_IMAGE:-0}" = 1 ]; then log "TITO_SKIP_SCIENTIFIC_IMAGE=1: not building the scientific image"
+    elif [ -f sandbox_images/scientific/Dockerfile ]; then
+        log "scientific image in the background (log: .build/setup-scientific.log) beside the server image"
+        rm -f .build/setup-scientific.times
+        ( start=$SECONDS; bash scripts/build_images.sh scientific
+          echo "scientific-image $((SECONDS - start))" >.build/setup-scientific.times ) >.build/setup-scientific.log 2>&1 &
+        sci_pid=$!
+    fi
     if [ "${TITO_SKIP_SERVER_IMAGE:-0}" = 1 ]; then log "TITO_SKIP_SERVER_IMAGE=1: not building the server image"
     elif [ -f env_server/Dockerfile ]; then timed server-image bash scripts/build_images.sh server
     else warn "env_server/Dockerfile missing; not building the server image"; fi
-    if [ "${TITO_SKIP_SCIENTIFIC_IMAGE:-0}" = 1 ]; then log "TITO_SKIP_SCIENTIFIC_IMAGE=1: not building the scientific image"
-    elif [ -f sandbox_images/scientific/Dockerfile ]; then timed scientific-image bash scripts/build_images.sh scientific; fi
+    if [ -n "$sci_pid" ]; then
+        wait "$sci_pid" || sci_rc=$?
+        cat .build/setup-scientific.log
+        [ "$sci_rc" = 0 ] || die "building the scientific image failed (exit $sci_rc; see above)"
+        mapfile -t -O "${#STEP_TIMES[@]}" STEP_TIMES <.build/setup-scientific.times
+    fi
     if [ "${TITO_SKIP_TASK_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_TASK_IMAGES=1: not building the example task images"
     elif [ -x scripts/build_task_images.sh ] && [ -f sandbox_images/python/Dockerfile ]; then
         timed task-images bash scripts/build_task_images.sh
