@@ -82,9 +82,11 @@ class PoolCollector(Collector):
                                  "no sandbox starts.", labels=["backend", "path"])
         disks: dict[tuple[str, str], int] = {}
         for image, pool in self.pools().items():
-            free = pool.backend.disk.free_bytes()
-            if free is not None and pool.backend.disk.path:
-                disks[(pool.backend.name, pool.backend.disk.path)] = free
+            guard = pool.backend.disk
+            if guard is not None and guard.path and (pool.backend.name, guard.path) not in disks:
+                free = guard.free_bytes()
+                if free is not None:
+                    disks[(pool.backend.name, guard.path)] = free
             for limit in pool.backend.unenforced_limits:
                 fallback.add_metric([image, pool.backend.name, limit], 1)
             stats = pool.backend.stats()

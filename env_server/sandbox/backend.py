@@ -78,8 +78,9 @@ class SandboxBackend(abc.ABC):
         self.config = config
         self.server_name = server_name
         self.instance_id = instance_id
-        # Set by probe() once the backend knows where it writes; until then nothing is checked.
-        self.disk = DiskGuard(None, "", 0)
+        # Set by the first probe, once the backend knows where it writes (its path None where the server cannot see
+        # it); until then nothing is checked.
+        self.disk: DiskGuard | None = None
 
     @abc.abstractmethod
     def probe(self, image: str) -> None:
@@ -125,7 +126,8 @@ class SandboxBackend(abc.ABC):
 
     def check_disk(self) -> None:
         """Raises BackendUnavailable when the backend's disk is nearly full (cheap: one statvfs)."""
-        self.disk.check()
+        if self.disk is not None:
+            self.disk.check()
 
     def close(self) -> None:
         """Releases the backend's own resources (clients, files); sandboxes are removed by the pool."""

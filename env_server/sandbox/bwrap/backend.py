@@ -232,7 +232,7 @@ class BwrapBackend(SandboxBackend):
             note = self.limits_note
             if note:
                 log.warning("bwrap sandboxes: %s", note)
-        if self.disk.path is None:
+        if self.disk is None:
             self.disk = guard_for(str(self.rootfs_dir), "the root filesystems", override=self.config.disk_path,
                                   min_free_mb=self.config.min_free_disk_mb)
         self._images[image] = rootfs.load(self.rootfs_dir, image)

@@ -44,9 +44,9 @@ class DockerBackend(SandboxBackend):
             self.client.ping()
             self.client.api.inspect_image(image)
             runtime = self.config.runtime
-            if self.disk.path is None or runtime != "runc":
+            if self.disk is None or runtime != "runc":
                 info = self.client.info()
-                if self.disk.path is None:
+                if self.disk is None:
                     self.disk = guard_for(info.get("DockerRootDir"), "Docker's data root", override=self.config.disk_path,
                                           min_free_mb=self.config.min_free_disk_mb)
             if runtime != "runc":
@@ -90,27 +90,26 @@ class DockerBackend(SandboxBackend):
 
     def sweep(self, *, keep_instance: str | None = None, only_instance: str | None = None) -> int:
         """Force-removes the containers and socket folders of this server name (labels.selector)."""
+        removed = self._remove_containers(selector(server=self.server_name, instance=only_instance),
+                                          keep_instance=keep_instance)
+        remove_instance_dirs(self.config.socket_dir, self.server_name, keep=keep_instance, only=only_instance)
+        return removed
+
+    def remove_stopped(self) -> int:
+        return self._remove_containers({**selector(server=self.server_name, instance=self.instance_id),
+                                        "status": ["exited", "dead"]})
+
+    def _remove_containers(self, filters: dict[str, list[str]], *, keep_instance: str | None = None) -> int:
+        """Force-removes the containers `filters` selects (but `keep_instance`'s); returns how many."""
         removed = 0
         api = self.client.api
-        for c in api.containers(all=True, filters=selector(server=self.server_name, instance=only_instance)):
+        for c in api.containers(all=True, filters=filters):
             if keep_instance is not None and (c.get("Labels") or {}).get(LABEL_INSTANCE) == keep_instance:
                 continue
             try:
                 removed += ContainerHandle(api, c["Id"]).remove()
             except docker.errors.APIError as exc:
-                log.warning("sweep: could not remove %s: %s", c["Id"][:12], exc)
-        remove_instance_dirs(self.config.socket_dir, self.server_name, keep=keep_instance, only=only_instance)
-        return removed
-
-    def remove_stopped(self) -> int:
-        removed = 0
-        api = self.client.api
-        filters = {**selector(server=self.server_name, instance=self.instance_id), "status": ["exited", "dead"]}
-        for c in api.containers(all=True, filters=filters):
-            try:
-                removed += ContainerHandle(api, c["Id"]).remove()
-            except docker.errors.APIError as exc:
-                log.warning("could not remove stopped container %s: %s", c["Id"][:12], exc)
+                log.warning("could not remove container %s: %s", c["Id"][:12], exc)
         return removed
 
     def close(self) -> None:
