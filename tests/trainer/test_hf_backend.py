@@ -55,9 +55,9 @@ def test_sample_tokens_logprob_is_of_sampling_distribution():
     logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.1, 3.0]])
     temps = torch.tensor([0.5, 0.0])
     tok, lp = sample_tokens(logits, temps, torch.Generator().manual_seed(0))
-    assert lp[0].item() == pytest.approx(torch.log_softmax(logits[0] / 0.5, -1)[tok[0]].item())
+    assert lp[0].item() == pytest.approx(torch.log_softmax(logits[0] / 0.5, -1)[tok[0]].item(), abs=1e-6)
     assert tok[1].item() == 2  # greedy
-    assert lp[1].item() == pytest.approx(torch.log_softmax(logits[1], -1)[2].item())
+    assert lp[1].item() == pytest.approx(torch.log_softmax(logits[1], -1)[2].item(), abs=1e-6)
 
 
 def test_training_recompute_matches_sampler(model):
@@ -78,3 +78,30 @@ def test_training_recompute_matches_sampler(model):
     assert got.tolist() == pytest.approx(res.logprobs, abs=2e-4)
     assert batch.mask[0].tolist() == r.mask[1:]
     assert (lp[0][batch.mask[0] == 0] == 0).all()
+
+
+def test_sample_tokens_draws_the_distribution():
+    """Frequencies over many draws match softmax(logits / T) (chi-square, fixed seed); a token of
+    probability zero is never drawn, in either generator form."""
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
+    logits = torch.log(probs).repeat(4000, 1)  # -inf where the probability is 0
+    temps = torch.ones(4000)
+    counts = torch.zeros(len(probs))
+    for seed in range(5):
+        tok, lp = sample_tokens(logits, temps, torch.Generator().manual_seed(seed))
+        counts += torch.bincount(tok, minlength=len(probs))
+        assert torch.allclose(lp, torch.log(probs)[tok])
+    rows = [torch.Generator().manual_seed(1000 + i) for i in range(64)]
+    tok, _ = sample_tokens(logits[:64], temps[:64], rows)
+    assert set(tok.tolist()) <= {1, 3, 4, 5}
+    assert counts[probs == 0].sum() == 0
+    n = counts.sum()
+    expected = probs[probs > 0] * n
+    chi2 = float(((counts[probs > 0] - expected) ** 2 / expected).sum())
+    assert chi2 < 16.27, (counts, chi2)  # 3 degrees of freedom, p = 0.001
+    # tempered: T = 2 flattens the distribution towards uniform over the support
+    tok, lp = sample_tokens(logits, torch.full((4000,), 2.0), torch.Generator().manual_seed(9))
+    flat = torch.softmax(torch.log(probs) / 2.0, -1)
+    assert torch.allclose(lp, torch.log(flat)[tok], atol=1e-6)
+    freq = torch.bincount(tok, minlength=len(probs)).float() / 4000
+    assert torch.allclose(freq, flat, atol=0.03)

@@ -30,18 +30,29 @@ def sample_tokens(
 
     generator: one for the batch, or one per row (then a row's draws do not depend on the others).
     temperature <= 0 means greedy; its logprob is then taken under the untempered distribution.
+
+    Drawing is by the inverse CDF: one uniform per row, located in the row's cumulative
+    probabilities. torch.multinomial over a 151k vocabulary took ~5 ms a row on CPU (95 ms of a
+    16-row decoding step whose forward took 17); this takes ~3 ms for all 16. CPU cumsum accumulates
+    float32 in double, so each boundary is off by float32 rounding only (~6e-8), and
+    `right=True` never lands on a zero-probability token.
     """
     logits = logits.float()
     greedy = temperatures <= 0
-    t = torch.where(greedy, torch.ones_like(temperatures), temperatures)
-    logp = torch.log_softmax(logits / t[:, None], dim=-1)
-    probs = logp.exp()
+    scaled = logits
+    if bool((temperatures != 1).any()):  # a full pass over the vocabulary saved when all are 1
+        scaled = logits / torch.where(greedy, torch.ones_like(temperatures), temperatures)[:, None]
+    cdf = torch.softmax(scaled, dim=-1).cumsum(-1)
     if isinstance(generator, list):
-        sampled = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generator)])
+        u = torch.stack([torch.rand((), generator=g, device=logits.device) for g in generator])
     else:
-        sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    tokens = torch.where(greedy, logits.argmax(-1), sampled)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+        u = torch.rand(logits.shape[0], generator=generator, device=logits.device)
+    tokens = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    tokens = tokens.clamp(max=logits.shape[-1] - 1)
+    if bool(greedy.any()):
+        tokens = torch.where(greedy, logits.argmax(-1), tokens)
+    logp = scaled.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    return tokens, logp
 
 
 class TransformersBackend:
