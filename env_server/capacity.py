@@ -2,9 +2,10 @@
 the sandbox backend, so that far more opens than fit are answered RESOURCE_EXHAUSTED naming the limit, never a
 hang, an OOM-killed daemon or lost container shims.
 
-Per session (measured in docs/scaling.md: 15.4 MiB per typical Docker session, sandbox + shim + server share),
-budgeted with room to work: `session_memory_mb` (32 MiB) of 80 % of the memory this server may use (its cgroup's
-memory.max, else MemTotal); 16 file descriptors of the server's RLIMIT_NOFILE (channel, attach stream, pidfds,
+Per session (measured in docs/scaling.md: 15.4 MiB per typical Docker session, sandbox + shim + server share;
+under gVisor about twice that, the sentry and gofer holding the sandbox's memory: 35 MiB against runc's 16.6 in the
+same run), budgeted with room to work: `session_memory_mb` (by default 32 MiB, 72 under runsc) of 80 % of the
+memory this server may use (its cgroup's memory.max, else MemTotal); 16 file descriptors of the server's RLIMIT_NOFILE (channel, attach stream, pidfds,
 with room) after 1,024 kept for gRPC; 16 process ids of what the kernel and the server's cgroup allow; and with
 Docker at most `docker_max_containers` (400: dockerd lost shims at ~450 containers on a 2-core, 24 GiB machine).
 """
@@ -21,6 +22,14 @@ MEMORY_SHARE = 0.8
 FDS_PER_SESSION = 16
 FDS_RESERVED = 1024
 PIDS_PER_SESSION = 16
+# session_memory_mb's default by isolation: about twice an idle Python session's measured share.
+SESSION_MEMORY_MB = {"runc": 32, "bwrap": 32, "runsc": 72}
+
+
+def default_session_memory_mb(backend: str, runtime: str) -> int:
+    """What `session_memory_mb` is when the config leaves it unset: by the bwrap backend, or Docker's OCI runtime
+    (another runtime than runsc is budgeted as runc)."""
+    return SESSION_MEMORY_MB["bwrap" if backend == "bwrap" else runtime if runtime in SESSION_MEMORY_MB else "runc"]
 
 
 @dataclass(frozen=True)

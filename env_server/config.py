@@ -103,7 +103,8 @@ class ServerConfig(BaseSettings):
                     "a session, file descriptors, process ids, and docker_max_containers with Docker); a number is "
                     "kept as given. Opens past it get RESOURCE_EXHAUSTED naming the limit.",
     )
-    session_memory_mb: int = Field(32, ge=1, description="Memory budgeted per session when max_sessions is auto.")
+    session_memory_mb: int | None = Field(None, ge=1, description="Memory budgeted per session when max_sessions is "
+                                          "auto; unset: 32 MiB (runc, bwrap) or 72 (runsc), capacity.py says why.")
     docker_max_containers: int = Field(400, ge=1, description="Containers one dockerd is trusted with (max_sessions "
                                                               "auto, Docker backend).")
     environments: list[str] = Field(

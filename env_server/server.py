@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from env_server.auth import TokenAuthInterceptor, load_tokens, server_credentials
-from env_server.capacity import session_capacity
+from env_server.capacity import default_session_memory_mb, session_capacity
 from env_server.config import ServerConfig
 from env_server.engine import Engine
 from env_server.environments.loader import load_environments
@@ -53,8 +53,10 @@ class EnvServer:
                 self.pools.add_environment(name, self.config.environment_images.get(name) or env_cls.sandbox_image)
         self.tokenizers = TokenizerRegistry(max_entries=self.config.tokenizer_cache_size,
                                             max_upload_bytes=self.config.max_tokenizer_bytes)
-        self.capacity = session_capacity(self.config.max_sessions, self.config.sandbox.backend,
-                                         session_memory_mb=self.config.session_memory_mb,
+        sandbox = self.config.sandbox
+        self.capacity = session_capacity(self.config.max_sessions, sandbox.backend,
+                                         session_memory_mb=self.config.session_memory_mb
+                                         or default_session_memory_mb(sandbox.backend, sandbox.runtime),
                                          docker_max_containers=self.config.docker_max_containers)
         self.sessions = SessionRegistry(self.capacity.limit, on_closed=self._on_session_closed,
                                         limit_why=self.capacity.why)

@@ -13,11 +13,14 @@ import os
 
 import pytest
 
-from tests.harness import BACKENDS, bwrap_available, docker_available, start_server
+from dataclasses import dataclass
+
+from tests.harness import BACKENDS, ISOLATIONS, bwrap_available, docker_available, runsc_missing, start_server
 
 REQUIRE_DOCKER = os.environ.get("TITO_REQUIRE_DOCKER", "1" if os.environ.get("CI") == "true" else "0") == "1"
 REQUIRE_BWRAP = os.environ.get("TITO_REQUIRE_BWRAP", "1" if os.environ.get("CI") == "true" else "0") == "1"
 REQUIRE_VLLM = os.environ.get("TITO_REQUIRE_VLLM", "0") == "1"
+REQUIRE_RUNSC = os.environ.get("TITO_REQUIRE_RUNSC", "0") == "1"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -27,7 +30,10 @@ def pytest_runtest_makereport(item, call):
     if not report.skipped or item.get_closest_marker("gpu"):
         return
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    if REQUIRE_DOCKER and item.get_closest_marker("docker"):
+    if REQUIRE_RUNSC and item.get_closest_marker("runsc"):
+        report.outcome = "failed"
+        report.longrepr = f"gVisor test skipped but TITO_REQUIRE_RUNSC requires it to run: {reason}"
+    elif REQUIRE_DOCKER and item.get_closest_marker("docker"):
         report.outcome = "failed"
         report.longrepr = f"Docker test skipped but TITO_REQUIRE_DOCKER/CI requires it to run: {reason}"
     elif REQUIRE_BWRAP and item.get_closest_marker("bwrap"):
@@ -40,8 +46,10 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameters
 def pytest_collection_modifyitems(config, items):
-    """Tests that restart dockerd run last: every other test's servers and containers are gone by then."""
-    items.sort(key=lambda item: item.get_closest_marker("daemon_restart") is not None)
+    """Tests that need the machine to themselves run last, and those that restart dockerd after every other:
+    every other test's servers and containers are gone by then."""
+    items.sort(key=lambda item: (item.get_closest_marker("exclusive") is not None,
+                                 item.get_closest_marker("daemon_restart") is not None))
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +71,29 @@ def backend(request) -> str:
     """The sandbox backend a test runs under (tests.harness.BACKENDS; `only_backend` narrows it)."""
     request.getfixturevalue("docker_ok" if request.param == "docker" else "bwrap_ok")
     return request.param
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How a fault test's server isolates its sandboxes: a backend, and Docker's OCI runtime."""
+
+    backend: str
+    runtime: str | None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The server's environment for it (with `backend=` to tests.harness.start_server)."""
+        return {"TITO_SANDBOX__RUNTIME": self.runtime} if self.runtime else {}
+
+
+@pytest.fixture(params=ISOLATIONS)
+def isolation(request) -> Isolation:
+    """runc, runsc or bwrap (tests.harness.ISOLATIONS): the fault tests run under each."""
+    backend, runtime = request.param
+    request.getfixturevalue("docker_ok" if backend == "docker" else "bwrap_ok")
+    if runtime == "runsc" and (why := runsc_missing()):
+        pytest.skip(why)
+    return Isolation(backend, runtime)
 
 
 def _example_server(tmp, backend: str):

@@ -52,6 +52,28 @@ BACKENDS = [pytest.param("docker", marks=pytest.mark.docker, id="docker"),
             pytest.param("bwrap", marks=pytest.mark.bwrap, id="bwrap")]
 
 
+# The isolations a fault test runs under, as parameters of the `isolation` fixture (tests/conftest.py): Docker
+# with runc, Docker with gVisor's runsc, and bubblewrap. runsc's carries the `runsc` marker (a skip fails under
+# TITO_REQUIRE_RUNSC=1, which scripts/test.sh sets).
+ISOLATIONS = [pytest.param(("docker", "runc"), marks=pytest.mark.docker, id="runc"),
+              pytest.param(("docker", "runsc"), marks=[pytest.mark.docker, pytest.mark.runsc], id="runsc"),
+              pytest.param(("bwrap", None), marks=pytest.mark.bwrap, id="bwrap")]
+
+
+def runsc_missing() -> str | None:
+    """None when dockerd has gVisor's runtime registered, else why not."""
+    try:
+        client = docker.from_env(timeout=10)
+        try:
+            if "runsc" in (client.info().get("Runtimes") or {}):
+                return None
+        finally:
+            client.close()
+    except docker.errors.DockerException as exc:
+        return f"Docker daemon unavailable: {exc}"
+    return "dockerd has no runsc runtime (TITO_INSTALL_RUNSC=1 scripts/setup.sh registers it)"
+
+
 def only_backend(*names: str) -> pytest.MarkDecorator:
     """Runs a test that uses the `backend` fixture under these backends only."""
     return pytest.mark.parametrize("backend", [p for p in BACKENDS if p.values[0] in names], indirect=True)

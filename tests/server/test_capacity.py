@@ -11,17 +11,18 @@ from pathlib import Path
 
 import grpc
 
+from env_server.capacity import default_session_memory_mb, machine_capacity
 from tests.harness import start_server
 from tests.sessions import open_session, rpc_error, run
 from tito.v1 import environment_pb2 as pb
 
 
-def test_auto_limit_refuses_what_the_memory_budget_cannot_hold(backend, tmp_path):
+def test_auto_limit_refuses_what_the_memory_budget_cannot_hold(isolation, tmp_path):
     mem_mib = next(int(l.split()[1]) // 1024 for l in Path("/proc/meminfo").read_text().splitlines()
                    if l.startswith("MemTotal:"))
     # A session budgeted at all of the machine's memory: 80 % of it holds none, and the floor is one.
-    srv = start_server(tmp_path, backend=backend, env={"TITO_SESSION_MEMORY_MB": str(mem_mib),
-                                                      "TITO_POOL__TARGET_SIZE": "1"})
+    srv = start_server(tmp_path, backend=isolation.backend, env={**isolation.env, "TITO_SESSION_MEMORY_MB": str(mem_mib),
+                                                                "TITO_POOL__TARGET_SIZE": "1"})
     stub = srv.stub()
     try:
         assert re.search(r"max 1 sessions \(auto: 80% of [\d.]+ GiB at \d+ MiB a session \(session_memory_mb\); "
@@ -52,3 +53,15 @@ def test_auto_limit_refuses_what_the_memory_budget_cannot_hold(backend, tmp_path
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         srv.terminate()
+
+
+def test_the_memory_budget_follows_the_isolation():
+    """gVisor's sentry and gofer hold a sandbox's memory beside it: runsc sessions are budgeted at 72 MiB, runc's
+    and bwrap's at 32 (a runtime tito does not know is budgeted as runc), and the start-up line says which."""
+    assert [default_session_memory_mb(b, r) for b, r in [("docker", "runc"), ("docker", "runsc"),
+                                                          ("bwrap", "runc"), ("docker", "kata")]] == [32, 72, 32, 32]
+    runc = machine_capacity("docker", session_memory_mb=32, docker_max_containers=10**6)
+    runsc = machine_capacity("docker", session_memory_mb=72, docker_max_containers=10**6)
+    assert abs(runsc.bounds["memory"] * 72 - runc.bounds["memory"] * 32) < 72  # the same memory, each floored
+    if runsc.bounds["memory"] == runsc.limit:
+        assert "at 72 MiB a session" in runsc.why

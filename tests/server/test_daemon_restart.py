@@ -24,11 +24,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.harness import containers_of, start_server
+from tests.harness import containers_of, runsc_missing, start_server
 from tests.sessions import open_session, run, wait_until
 from tito.v1 import environment_pb2 as pb
 
-pytestmark = [pytest.mark.docker, pytest.mark.daemon_restart]
+pytestmark = [pytest.mark.docker, pytest.mark.daemon_restart, pytest.mark.exclusive]
 
 SESSIONS = int(os.environ.get("TITO_FAULT_SESSIONS", "16"))
 EXEC_TIMEOUT_S = 10.0
@@ -102,11 +102,8 @@ def dockerd(docker_ok) -> Iterator[Dockerd]:
 
 @pytest.fixture(params=["runc", "runsc"])
 def runtime(request, docker_ok) -> str:
-    if request.param == "runsc":
-        runtimes = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True,
-                                  text=True).stdout
-        if '"runsc"' not in runtimes:
-            pytest.skip("dockerd has no runsc runtime (TITO_INSTALL_RUNSC=1 scripts/setup.sh)")
+    if request.param == "runsc" and (why := runsc_missing()):
+        pytest.skip(why)
     return request.param
 
 

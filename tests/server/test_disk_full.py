@@ -42,8 +42,9 @@ def _health(srv) -> int:
         return -1
 
 
-def test_opens_wait_for_disk_space_and_the_server_recovers(backend, small_disk, tmp_path):
-    srv = start_server(tmp_path, backend=backend, env={
+def test_opens_wait_for_disk_space_and_the_server_recovers(isolation, small_disk, tmp_path):
+    backend = isolation.backend
+    srv = start_server(tmp_path, backend=backend, env={**isolation.env,
         "TITO_SANDBOX__DISK_PATH": str(small_disk), "TITO_SANDBOX__MIN_FREE_DISK_MB": "8",
         "TITO_POOL__TARGET_SIZE": "0", "TITO_POOL__PROBE_INTERVAL_S": "0.5",
     })
