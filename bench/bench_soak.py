@@ -427,13 +427,14 @@ async def run(srv: ServerProcess, args: argparse.Namespace) -> tuple[Soak, Tally
         samples: list[Sample] = []
         t0 = time.monotonic()
         tasks = [asyncio.create_task(soak.worker(i)) for i in range(n)] + [asyncio.create_task(soak.churn())]
-        while True:
+        for k in range(1, 1 << 30):
             t = time.monotonic() - t0
             samples.append(await asyncio.to_thread(take_sample, t, soak, srv, args.sandbox_backend, dockerd))
             print(sample_line(samples[-1], samples[-2] if len(samples) > 1 else None, total_s), flush=True)
             if t >= total_s:
                 break
-            await asyncio.sleep(min(args.sample_s, total_s - t))
+            # On a fixed schedule (0, sample_s, 2 sample_s, ..., the end): a slow sample does not shift the rest.
+            await asyncio.sleep(max(0.0, min(k * args.sample_s, total_s) - (time.monotonic() - t0)))
         soak_s = time.monotonic() - t0
         soak.stop.set()
         await asyncio.gather(*tasks)
@@ -472,7 +473,8 @@ def report(args: argparse.Namespace, soak: Soak, base: Tally, samples: list[Samp
     opens = t.open_latencies
     print(f"OpenSession latency ({len(opens)} opens, waves and re-opens): p50 {pct(opens, 50) * 1000:.0f} ms, "
           f"p99 {pct(opens, 99) * 1000:.0f} ms")
-    warm = min(args.warmup_s, soak_s / 2)
+    # A short run's reference is its middle sample; 1 s of slack for the time a sample takes.
+    warm = min(args.warmup_s, args.minutes * 60 / 2) - 1
     ref = next((s for s in samples if s.t >= warm), samples[-1])
     last = samples[-1]
     for name, get, unit in [("server fds", lambda s: s.fds, 1), ("server RSS", lambda s: s.rss, MIB),
