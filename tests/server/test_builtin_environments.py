@@ -43,7 +43,9 @@ def test_scientific_stack_runs_in_its_image(server):
         "str(sympy.factor(x**2 - 1)), int(df.y.sum()), __import__('os').path.getsize('plot.png') > 1000)"
     )
     with TitoClient(server.address) as client:
-        with client.open_session("python_scientific", env_args={"files": FILES}) as s:
+        # Importing five libraries and drawing the first plot takes ~2 s alone and more on a loaded machine: a
+        # per-session timeout above the test server's 5 s.
+        with client.open_session("python_scientific", env_args={"files": FILES, "timeout_s": 60}) as s:
             r = s.step(tool_calls=_call("run_python", code=code))
             assert r.status is StepStatus.OK
             assert r.tool_messages[0].content == "Out: (45, 6.0, '(x - 1)*(x + 1)', 6, True)"

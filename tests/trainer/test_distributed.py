@@ -45,6 +45,14 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def assert_adam_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """Weights trained on the same batch, summed in another order (ranks, shards): Adam divides by the root of
+    the squared gradient, so a component near zero (a rarely seen embedding row) moves by up to lr whatever its
+    float error. A bound on the largest difference and on the share of weights beyond 1e-5."""
+    diffs = torch.cat([(got[k] - want[k]).abs().flatten() for k in got])
+    assert diffs.max() < 1e-3 and (diffs > 1e-5).float().mean() < 5e-3, (diffs.max(), (diffs > 1e-5).sum())
+
+
 def assert_ranks_identical(out: Path) -> dict[str, torch.Tensor]:
     w0, w1 = torch.load(out / "rank0.pt"), torch.load(out / "rank1.pt")
     assert w0.keys() == w1.keys()
@@ -82,9 +90,10 @@ def test_two_ranks_stay_identical_and_match_one_process(tmp_path):
         sorted((r["step"], r["ids_sha1"]) for r in rollouts)
     for a, b in zip(history, metrics):
         assert a["reward_mean"] == b["reward_mean"]
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
-    for k in single:
-        torch.testing.assert_close(single[k], weights[k], atol=1e-4, rtol=0)
+        # A norm over ~10M float32 components summed in another order: ~1e-5 apart (1.1e-5 seen).
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    assert single.keys() == weights.keys()
+    assert_adam_close(weights, single)
 
 
 def test_accelerate_launch_runs_the_cli(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,8 +25,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.test_distributed import TORCHRUN, launch, rows, sets
-from trainer import checkpoint, distributed
+from tests.trainer.test_distributed import TORCHRUN, assert_adam_close, launch, rows, sets
+from trainer import checkpoint
 from trainer.config import ConfigError, load_config
 from trainer.export import export
 from trainer.setup import open_run
@@ -65,14 +66,10 @@ def test_fsdp_equals_one_process_and_resumes_from_sharded_checkpoint(tmp_path):
         assert a["reward_mean"] == b["reward_mean"] and a["gen_tokens_mean"] == b["gen_tokens_mean"]
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
         assert a["kl"] == pytest.approx(b["kl"], abs=1e-6)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)  # float32 sums in another order
     exported = load_file(export(ckpt, tmp_path / "export") / "model.safetensors")
     assert exported.keys() <= single.keys() and "lm_head.weight" not in exported  # tied, as save_pretrained does
-    # Adam divides by the root of the squared gradient, so a component near zero (a rarely seen
-    # embedding row) moves by up to lr whatever its float error: a bound on the largest difference
-    # and on the share of weights beyond 1e-5.
-    diffs = torch.cat([(exported[k] - single[k]).abs().flatten() for k in exported])
-    assert diffs.max() < 1e-3 and (diffs > 1e-5).float().mean() < 5e-3, (diffs.max(), (diffs > 1e-5).sum())
+    assert_adam_close(exported, single)
 
     # Resumed from the sharded step-2 checkpoint: step 3 as the uninterrupted run took it.
     launch([*TORCHRUN, "-m", "tests.trainer.dist_run", str(resumed),
@@ -150,12 +147,18 @@ def test_config_errors_say_what_to_do(overrides, message):
         load_config(None, overrides)
 
 
-def test_fsdp_without_a_launcher_is_refused(monkeypatch):
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
-    with pytest.raises(ConfigError, match="torchrun --nproc-per-node N"):
-        distributed.init("cpu", fsdp=True)
-    assert distributed.init("cpu") == distributed.Dist()  # replicate alone: no group, as before
+def test_fsdp_without_a_launcher_is_refused():
+    # In a fresh process: a test before this one in the same pytest process may have left a process group
+    # (TRL's colocated vLLM makes one), and a process in a group is not refused.
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    code = ("from trainer import distributed\n"
+            "from trainer.config import ConfigError\n"
+            "try:\n    distributed.init('cpu', fsdp=True)\nexcept ConfigError as e:\n    print('refused:', e)\n"
+            "assert distributed.init('cpu') == distributed.Dist()  # replicate alone: no group, as before\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("refused:") and "torchrun --nproc-per-node N" in out.stdout, out.stdout
 
 
 def test_resume_refuses_another_strategy(tmp_path):
