@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: scripts/setup.sh (idempotent; fast when done), then pytest over tests/ (without
-# arguments: tests/rendering on two workers, then the rest in one process).
+# arguments: all but the `exclusive` tests on two workers, then those in one process).
 # Extra arguments go to pytest, e.g.  ./scripts/test.sh -k sandbox -x    or    ./scripts/test.sh -m "not docker"
 # Env: TITO_SKIP_SETUP=1 skips setup (the .venv must exist). Setup's own switches apply (see setup.sh).
 set -euo pipefail
@@ -30,20 +30,25 @@ export TITO_REQUIRE_DOCKER=${TITO_REQUIRE_DOCKER:-1}  # a docker test that skips
 # Likewise the real-engine vLLM tests (setup installs vLLM's CPU build); TITO_SKIP_VLLM=1 lets them skip.
 if [ "${TITO_SKIP_VLLM:-0}" = 1 ]; then export TITO_REQUIRE_VLLM=${TITO_REQUIRE_VLLM:-0}; else export TITO_REQUIRE_VLLM=${TITO_REQUIRE_VLLM:-1}; fi
 rc=0
+PYTEST=(.venv/bin/python -m pytest -p no:cacheprovider --durations=25)
 if [ $# -eq 0 ] && .venv/bin/python -c "import xdist" 2>/dev/null; then
-    # The whole suite in two runs: tests/rendering (pure CPU, no Docker, no shared state) on two workers, then
-    # everything else in one process (servers, containers and dockerd itself are shared there).
+    # The whole suite in two runs: first everything but the `exclusive` tests on two workers, a test file per
+    # worker at a time (--dist loadfile: a file's module fixtures, such as a vLLM engine, start once); the
+    # tests are independent of each other (every server has its own name, so no one sweeps or counts
+    # another's sandboxes), and one worker's waits on containers and servers overlap the other's CPU work.
+    # Then the `exclusive` ones in one process: the 128-open storm and the dockerd restarts need the machine.
     T0=$SECONDS
-    echo "[test] .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n 2 tests/rendering"
-    .venv/bin/python -m pytest -p no:cacheprovider --durations=25 -n 2 tests/rendering || rc=$?
-    echo "[test] .venv/bin/python -m pytest -p no:cacheprovider --durations=25 tests --ignore=tests/rendering"
+    echo "[test] ${PYTEST[*]} -n 2 --dist loadfile -m 'not exclusive' tests"
+    "${PYTEST[@]}" -n 2 --dist loadfile -m "not exclusive" tests || rc=$?
+    T1=$SECONDS
+    echo "[test] ${PYTEST[*]} -m exclusive tests"
     rc2=0
-    .venv/bin/python -m pytest -p no:cacheprovider --durations=25 tests --ignore=tests/rendering || rc2=$?
+    "${PYTEST[@]}" -m exclusive tests || rc2=$?
     [ "$rc" != 0 ] || rc=$rc2
-    echo "[test] both runs took $((SECONDS - T0)) s"
+    echo "[test] parallel run $((T1 - T0)) s, exclusive run $((SECONDS - T1)) s"
 else
-    echo "[test] .venv/bin/python -m pytest -p no:cacheprovider --durations=25 $*"
-    .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@" || rc=$?
+    echo "[test] ${PYTEST[*]} $*"
+    "${PYTEST[@]}" "$@" || rc=$?
 fi
 case $rc in
     0) echo "[test] all tests passed" ;;

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from tests.harness import only_backend, sandboxes_of, start_server
 from tito.client import AsyncTitoClient, StepStatus
 from tito.types import ToolCall
 
 STORM = 128  # bench/bench_storm.py runs 256 and 1,000 (--max-sessions auto)
+
+# 128 container starts at once: dockerd's queue is the machine's, so it runs after the parallel run (scripts/test.sh).
+pytestmark = pytest.mark.exclusive
 
 
 # Docker's: its container starts are what a storm queues on (bench/bench_backends.py has bwrap's bursts).
