@@ -60,6 +60,7 @@ class EnvServer:
                                          docker_max_containers=self.config.docker_max_containers)
         self.sessions = SessionRegistry(self.capacity.limit, on_closed=self._on_session_closed,
                                         limit_why=self.capacity.why)
+        self.pools.bound_by_sessions(self.sessions.room)
         self.health = health.aio.HealthServicer()
         # Read now, so a bad file stops `python -m env_server` before anything starts.
         self.tokens = load_tokens(self.config.auth.tokens_file) if self.config.auth.tokens_file else ()

@@ -69,6 +69,10 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def room(self) -> int:
+        """Sessions that may still open (those being opened count as open)."""
+        return max(0, self.max_sessions - len(self._sessions) - self._reserved)
+
     @contextmanager
     def reserve_slot(self) -> Iterator[bool]:
         """Holds a place for a session being opened; yields False when the server is full."""

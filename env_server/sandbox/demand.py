@@ -2,7 +2,9 @@
 
 A burst of N opens counts as N when they arrive within `burst_window_s` of each other; the largest burst
 seen in the last `memory_s` becomes the target, capped by `max_target_size` and by what free memory holds
-(`mem_per_sandbox_mib` each, half of MemAvailable at most). A trainer that opens 128 sessions per GRPO
+(`mem_per_sandbox_mib` each, half of MemAvailable at most), and by the sessions the server still admits (a warm
+sandbox no session may take is a container past what admission sized for: at 400 sessions open, a learned target
+of 128 would have made ~530 containers, past where dockerd lost shims). A trainer that opens 128 sessions per GRPO
 step then finds 128 warm sandboxes at the next step instead of waiting for 128 container starts.
 """
 
@@ -28,7 +30,8 @@ def available_memory_mib() -> float | None:
 class DemandTracker:
     def __init__(self, floor: int, ceiling: int, burst_window_s: float, memory_s: float,
                  mem_per_sandbox_mib: float, clock: Callable[[], float] = time.monotonic,
-                 free_mib: Callable[[], float | None] = available_memory_mib) -> None:
+                 free_mib: Callable[[], float | None] = available_memory_mib,
+                 session_room: Callable[[], int] | None = None) -> None:
         self.floor = floor
         self.ceiling = max(floor, ceiling)
         self.burst_window_s = burst_window_s
@@ -36,6 +39,7 @@ class DemandTracker:
         self.mem_per_sandbox_mib = mem_per_sandbox_mib
         self._clock = clock
         self._free_mib = free_mib
+        self.session_room = session_room  # sessions the server still admits (None: no bound)
         self._recent: collections.deque[float] = collections.deque()  # open times within the burst window
         self._peak = 0
         self._peak_at = 0.0
@@ -67,6 +71,8 @@ class DemandTracker:
     def target(self, held: int = 0) -> int:
         """Warm sandboxes to keep. `held`: warm ones already made (their memory is not free any more)."""
         want = max(self.floor, min(self.peak, self.ceiling))
+        if want > self.floor and self.session_room is not None:
+            want = max(self.floor, min(want, self.session_room()))
         if want == self.floor:
             return want  # no need to read the free memory for the floor
         room = self.memory_ceiling()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .config import PoolConfig, SandboxConfig
 from .pool import SandboxPool
@@ -33,6 +33,14 @@ class SandboxPools:
         self.by_image: dict[str, SandboxPool] = {sandbox.image: self.main}
         self._by_environment: dict[str, SandboxPool] = {}
         self._starts: dict[str, asyncio.Task[None]] = {}
+        self._session_room: Callable[[], int] | None = None
+
+    def bound_by_sessions(self, room: Callable[[], int]) -> None:
+        """Learned warm targets stay within `room()`, the sessions the server still admits (the configured floor
+        is kept): past that, a warm sandbox is a container no session may take (demand.py)."""
+        self._session_room = room
+        for pool in self.by_image.values():
+            pool.demand.session_room = room
 
     def _add(self, image: str, target_size: int, sweep_at_start: bool = True) -> SandboxPool:
         pool = self.by_image.get(image)
@@ -41,6 +49,7 @@ class SandboxPools:
             pool = SandboxPool(self.sandbox_config.model_copy(update={"image": image}),
                                self.pool_config.model_copy(update={"target_size": target_size}),
                                self.server_name, self.instance_id, sweep_at_start=sweep_at_start)
+            pool.demand.session_room = self._session_room
             self.by_image[image] = pool
         return pool
 

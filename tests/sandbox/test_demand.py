@@ -89,3 +89,20 @@ def test_creates_default_to_the_machine():
     p = SandboxPool(fast_config(), PoolConfig(), server_name="x", instance_id="y")
     assert p.max_creates == max(2, os.cpu_count() or 2)
     assert SandboxPool(fast_config(), PoolConfig(max_concurrent_creates=3), server_name="x", instance_id="y").max_creates == 3
+
+
+def test_a_learned_target_stays_within_the_sessions_the_server_still_admits():
+    """At the admitted maximum a warm sandbox is a container no session may take: the learned target falls to
+    the floor as the server fills, and comes back as sessions close (the floor is kept at any fill)."""
+    clock = Clock()
+    room = [400]
+    d = _tracker(clock, ceiling=128, session_room=lambda: room[0])
+    for _ in range(128):
+        d.opened()
+    assert d.target() == 128
+    room[0] = 30
+    assert d.target() == 30
+    room[0] = 0
+    assert d.target() == 2  # the floor
+    room[0] = 1000
+    assert d.target() == 128
