@@ -47,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
+    from trainer.malloc import keep_freed_memory
     from trainer.warmstart import WarmStartError
 
+    keep_freed_memory()  # before the first large tensor (trainer/malloc.py says why)
     t0 = time.perf_counter()
     try:
         history = asyncio.run(train_from_config(cfg))
