@@ -3,8 +3,8 @@
 Control tokens inside message text (a program printing "<|im_end|>") are encoded as text,
 never as the control token: that is transformers' ``apply_chat_template(...,
 sanitize_control_tokens=True)``, and our ids equal that render token for token. Without it,
-a tool could forge turn boundaries. Templates are compiled by jinja_engine.py (transformers' engine; see
-there for the one kind of template that gets its mutation-permitting variant).
+a tool could forge turn boundaries. Templates are compiled by jinja_engine.py (transformers' engine
+configuration; see there for the one kind of template that gets its mutation-permitting variant).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class ChatTemplate:
         self.tokenizer = tokenizer
         self.source = chat_template
         self.kwargs = dict(kwargs)
-        # Compiled once (transformers' compiles are shared, lru_cache). `mutates`: the list/dict methods that change
+        # Compiled once (compiles are shared, lru_cache). `mutates`: the list/dict methods that change
         # an object which the template calls; such a template renders on copies of its inputs.
         self._template, self.mutates = compile_template(chat_template)
         self._raw = tokenizer.backend_tokenizer  # the tokenizers.Tokenizer: no per-call wrapper overhead
