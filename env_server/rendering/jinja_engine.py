@@ -47,6 +47,9 @@ MUTATING_METHODS = frozenset({
 # type alone.
 _PLAIN_TYPES = frozenset({dict, list, tuple, str, int, float, bool, type(None), Namespace, LoopContext})
 _BUILTIN = types.BuiltinFunctionType  # also the type of bound builtin methods: dict.get, list.append, str.split
+# jinja2 >= 3.1.5 sandboxes str.format where the template reads it (getattr returns a wrapper); before, the sandbox
+# checked it in `call`, which the fast path below skips: there, every call goes through the sandbox's `call`.
+_FORMAT_CHECKED_AT_READ = hasattr(SandboxedEnvironment, "wrap_str_format")
 
 
 class _FastChecks:
@@ -73,7 +76,7 @@ class _FastChecks:
         return verdict
 
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's names)
-        if type(__obj) is not _BUILTIN:
+        if type(__obj) is not _BUILTIN or not _FORMAT_CHECKED_AT_READ:
             return super().call(__context, __obj, *args, **kwargs)  # type: ignore[misc]
         kwargs.pop("_block_vars", None)
         kwargs.pop("_loop_vars", None)
