@@ -1,14 +1,16 @@
-"""One Jinja engine for every template: transformers' own, and for a template that changes lists it builds
-(llama.cpp's Kimi K2 copies call .append/.pop, which transformers' sandbox refuses) the same configuration in a
-sandbox that allows them, on copies of its inputs. Registration and Step render with the same one."""
+"""One Jinja engine for every template: transformers' configuration and sandbox (with two of its checks answered
+faster, the same answers), and for a template that changes lists it builds (llama.cpp's Kimi K2 copies call
+.append/.pop, which transformers' sandbox refuses) the same configuration in a sandbox that allows them, on copies
+of its inputs. Registration and Step render with the same one."""
 
 from __future__ import annotations
 
 import pytest
 from jinja2.exceptions import SecurityError
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
-from env_server.rendering.jinja_engine import compile_template
+from env_server.rendering.jinja_engine import FastImmutableSandbox, FastSandbox, compile_template
 from env_server.rendering.template import ChatTemplate
 
 from .helpers import TOOLS, ctx_for, template_ids
@@ -18,10 +20,14 @@ HOSTILE = ("{%- set _ = messages.append({'role': 'user', 'content': 'injected'})
            "{%- for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
 
 
-def test_a_template_that_changes_no_list_is_transformers_own_compiled_template():
+def test_a_template_that_changes_no_list_compiles_in_transformers_sandbox_and_configuration():
     ctx = ctx_for("qwen3")
     assert ctx.template.mutates == []
-    assert ctx.template._template is _compile_jinja_template(ctx.template.source)
+    ours, theirs = ctx.template._template.environment, _compile_jinja_template(ctx.template.source).environment
+    assert isinstance(ours, ImmutableSandboxedEnvironment) and type(theirs) is ImmutableSandboxedEnvironment
+    assert ours.compile(ctx.template.source, raw=True) == theirs.compile(ctx.template.source, raw=True)
+    assert ours.filters == theirs.filters and ours.tests == theirs.tests and ours.globals == theirs.globals
+    assert [type(e) for e in ours.extensions.values()] == [type(e) for e in theirs.extensions.values()]
 
 
 @pytest.mark.parametrize("template", ["kimi_k2_instruct", "kimi_k2_thinking"])
@@ -53,3 +59,36 @@ def test_everything_else_stays_forbidden_in_the_permissive_sandbox():
     assert methods == ["append"]
     with pytest.raises(SecurityError):
         template.render(messages=[])
+
+
+# Attribute reads and calls the sandbox allows or refuses, on the plain types whose verdicts are memoized and on
+# others; calls of builtins (inside a loop too, and one raising StopIteration: an undefined value).
+PROBES = [
+    "{{ m.get('a') }}", "{{ m.items() | list }}", "{{ 'a,b'.split(',') }}", "{{ 'x{}'.format(1) }}",
+    "{{ 'x{0.__class__}'.format(1) }}", "{{ ''.__class__ }}", "{{ m.__class__ }}", "{{ m._private }}",
+    "{{ l.append is defined }}", "{{ l.append(1) }}{{ l }}", "{{ m.update({'b': 2}) }}{{ m }}", "{{ m.pop('a') }}",
+    "{{ ns.v }}{% set ns.v = 2 %}{{ ns.v }}", "{{ ns.f('a') }}", "{{ ns.g('a') }}",
+    "{% for x in l %}{{ loop.index }}{{ x.get('k') }}{% endfor %}", "{% for x in l %}{{ loop.__class__ }}{% endfor %}",
+    "{{ (1).__class__ }}", "{{ (1.5).real }}", "{{ none.__class__ }}",
+    "{{ t.count(1) }}", "{{ range(3) | list }}", "{{ f.__code__ }}", "{{ f.__globals__ }}", "{{ it.__next__() }}",
+    "{{ l.__getitem__(0) }}", "{{ m.get.__self__ }}", "{{ m.setdefault('c', 3) }}{{ m }}",
+    "{{ nxt(it) is defined }}", "{{ 'a,b'.split(sep=',') }}", "{% for x in l %}{{ nxt(it) is undefined }}{% endfor %}",
+]
+
+
+@pytest.mark.parametrize("fast, plain", [(FastImmutableSandbox, ImmutableSandboxedEnvironment),
+                                         (FastSandbox, SandboxedEnvironment)])
+@pytest.mark.parametrize("source", PROBES)
+def test_the_faster_checks_answer_as_the_sandbox_does(fast, plain, source):
+    def outcome(cls):
+        template = cls().from_string("{% set ns = namespace(v=1, f='{}'.format, g='{0.__class__}'.format) %}" + source)
+        results = []
+        for _ in range(2):  # the second render reads the memoized verdicts
+            data = {"m": {"a": 1}, "l": [{"k": "v"}], "t": (1, 1), "f": lambda: 0, "it": iter(()), "nxt": next}
+            try:
+                results.append(("ok", template.render(**data), repr(data["m"]), repr(data["l"])))
+            except Exception as e:  # the sandbox's refusal (SecurityError) or the call's own error
+                results.append((type(e).__name__, str(e)))
+        return results
+
+    assert outcome(fast) == outcome(plain)
