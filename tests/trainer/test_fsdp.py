@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.trainer.test_distributed import TORCHRUN, assert_adam_close, launch, rows, sets
-from trainer import checkpoint
+from trainer import checkpoint, distributed
 from trainer.config import ConfigError, load_config
 from trainer.export import export
 from trainer.setup import open_run
