@@ -29,9 +29,9 @@ import types
 from typing import Any
 
 from jinja2 import nodes
-from jinja2.runtime import Context, LoopContext
+from jinja2.runtime import Context, LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
-from jinja2.utils import Namespace
+from jinja2.utils import Namespace, _PassArg
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
 # The methods of list, dict, set and deque that change the object (what the immutable sandbox refuses).
@@ -50,16 +50,28 @@ _BUILTIN = types.BuiltinFunctionType  # also the type of bound builtin methods: 
 # jinja2 >= 3.1.5 sandboxes str.format where the template reads it (getattr returns a wrapper); before, the sandbox
 # checked it in `call`, which the fast path below skips: there, every call goes through the sandbox's `call`.
 _FORMAT_CHECKED_AT_READ = hasattr(SandboxedEnvironment, "wrap_str_format")
+# Context.call calls a macro with the evaluation context first (Macro.__call__ is pass_eval_context in jinja2 3.1;
+# checked here, not assumed).
+_MACRO_TAKES_EVAL_CONTEXT = (_PassArg.from_obj(Macro) is None
+                             and _PassArg.from_obj(Macro.__call__) is _PassArg.eval_context)
+# A dict's attributes are its class's (an exact dict has no instance attributes and no __getattr__): any other name
+# read as `d.name` is a lookup of the key, as the sandbox's getattr does after getattr(d, name) fails.
+_DICT_ATTRIBUTES = frozenset(dir(dict))
 
 
 class _FastChecks:
-    """Two of the sandbox's checks, answered as the sandbox answers them, faster.
+    """Four of the sandbox's paths, answered as the sandbox answers them, faster.
 
     - ``is_safe_attribute`` of an object of a plain type is memoized per (type, attribute name).
     - ``call`` of a builtin function or bound builtin method: such an object has no attributes of its own (no
       ``unsafe_callable``, ``alters_data`` or ``jinja_pass_arg``), so ``is_safe_callable`` passes it and
       ``Context.call`` calls it as is; it is called here as ``Context.call`` would (jinja2 3.1): the loop and block
       variables the generated code passes are dropped, and a StopIteration gives an undefined value.
+    - ``getattr`` of a name an exact dict has no attribute for reads the key, as the sandbox does once Python's
+      getattr has raised AttributeError (templates read ``message.role``, ``tool_call.function.name``: raising and
+      catching that error was the largest part of such a read).
+    - ``call`` of a template's own macro: the sandbox finds nothing unsafe on it (a template cannot set an attribute
+      on a macro), and it is called as ``Context.call`` calls it: with the evaluation context first.
     Everything else goes to the sandbox's own methods."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -75,13 +87,26 @@ class _FastChecks:
             verdict = self._verdicts[(cls, attr)] = super().is_safe_attribute(obj, attr, value)  # type: ignore[misc]
         return verdict
 
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:  # the sandbox's path once getattr(obj, attribute) has raised AttributeError, without raising it
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)  # type: ignore[attr-defined]
+        return super().getattr(obj, attribute)  # type: ignore[misc]
+
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's names)
-        if type(__obj) is not _BUILTIN or not _FORMAT_CHECKED_AT_READ:
+        kind = type(__obj)
+        if kind is _BUILTIN and _FORMAT_CHECKED_AT_READ:
+            function = __obj
+        elif kind is Macro and _MACRO_TAKES_EVAL_CONTEXT:
+            function, args = __obj.__call__, (__context.eval_ctx, *args)
+        else:
             return super().call(__context, __obj, *args, **kwargs)  # type: ignore[misc]
         kwargs.pop("_block_vars", None)
         kwargs.pop("_loop_vars", None)
         try:
-            return __obj(*args, **kwargs)
+            return function(*args, **kwargs)
         except StopIteration:
             return __context.environment.undefined(
                 "value was undefined because a callable raised a StopIteration exception")

@@ -62,7 +62,8 @@ def test_everything_else_stays_forbidden_in_the_permissive_sandbox():
 
 
 # Attribute reads and calls the sandbox allows or refuses, on the plain types whose verdicts are memoized and on
-# others; calls of builtins (inside a loop too, and one raising StopIteration: an undefined value).
+# others; calls of builtins (inside a loop too, and one raising StopIteration: an undefined value); dict keys read
+# as attributes; macros.
 PROBES = [
     "{{ m.get('a') }}", "{{ m.items() | list }}", "{{ 'a,b'.split(',') }}", "{{ 'x{}'.format(1) }}",
     "{{ 'x{0.__class__}'.format(1) }}", "{{ ''.__class__ }}", "{{ m.__class__ }}", "{{ m._private }}",
@@ -73,6 +74,13 @@ PROBES = [
     "{{ t.count(1) }}", "{{ range(3) | list }}", "{{ f.__code__ }}", "{{ f.__globals__ }}", "{{ it.__next__() }}",
     "{{ l.__getitem__(0) }}", "{{ m.get.__self__ }}", "{{ m.setdefault('c', 3) }}{{ m }}",
     "{{ nxt(it) is defined }}", "{{ 'a,b'.split(sep=',') }}", "{% for x in l %}{{ nxt(it) is undefined }}{% endfor %}",
+    # a dict's keys read as attributes, its own attributes, names that are neither; macros with every kind of argument
+    "{{ m.a }}{{ m.zz is defined }}{{ m._x is defined }}{{ m.zz.yy is defined }}", "{{ {'items': 1}.items is callable }}",
+    "{{ {'_p': 1}._p }}{{ {'__class__': 1}.__class__ }}", "{{ m.keys() | list }}{{ m.__len__() }}",
+    "{% macro k(x, y=2) %}{{ x }}{{ y }}{{ varargs }}{{ kwargs }}{% endmacro %}{{ k(1) }}{{ k(1, 3, 4) }}{{ k(1, z=5) }}",
+    "{% macro w() %}[{{ caller() }}]{% endmacro %}{% call w() %}in{% endcall %}",
+    "{% macro k(x) %}{{ x.k }}{{ x.zz is defined }}{% endmacro %}{% for x in l %}{{ k(x) }}{% endfor %}",
+    "{% macro k() %}{{ nxt(it) }}{% endmacro %}{{ k() is defined }}",
 ]
 
 
