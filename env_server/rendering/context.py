@@ -41,6 +41,11 @@ _CACHE_LIMIT = 1024
 _PLACEHOLDER = "zqx_placeholder_output"  # tool output that marks where results start in a render
 
 
+def _fill(slots: tuple[str, ...], outputs: list[str]) -> str:
+    """The text around the placeholders with the outputs in their places."""
+    return "".join(part for pair in zip(slots, outputs) for part in pair) + slots[-1]
+
+
 @dataclass(eq=False)
 class RenderingContext:
     fingerprint: str
@@ -53,6 +58,7 @@ class RenderingContext:
         t = self.template
         self.stop_token_ids = [t.token_id(s) for s in self.rules.stop_tokens]
         self._stop_set = frozenset(self.stop_token_ids)
+        self._stop_text = {i: t.decode([i]) for i in self._stop_set if i is not None}
         self._boundary_id = t.token_id(self.rules.boundary)
         self._wire = formats()[self.rules.wire]
         self._head = msgs.head(self.rules.style)
@@ -61,9 +67,12 @@ class RenderingContext:
         self._ids_matter = self._template_reads_ids()
         self._turns: dict[tuple, tuple] = {}  # (names, ids, earlier calls) -> (synthetic conversation, prefix, ids)
         self._index_of: tuple[Any, dict] = (None, {})
+        self._slots: dict[tuple, tuple[str, ...] | None] = {}  # shape -> suffix split at placeholder outputs
         self._lock = threading.Lock()
+        self.counted_by_substitution = False  # the probes below render whole conversations
         self.rounds_differ = self._rounds_differ()
         self.counts_calls = self._counts_calls()
+        self.counted_by_substitution = self._counts_by_substitution()
 
     @property
     def family(self) -> str:
@@ -123,9 +132,11 @@ class RenderingContext:
         parameters, GLM, pythonic). ``calls_before``: the calls of the conversation so far (Kimi's call
         ids count them). ``strict``: outputs the deployment parser reads leniently (parsing.py) are errors."""
         vocab = self.template.vocab_size
-        for i in completion_ids:
-            if not isinstance(i, int) or not 0 <= i < vocab:
-                raise ValueError(f"token id {i!r} is outside this tokenizer's vocabulary (0..{vocab - 1})")
+        if completion_ids and not (set(map(type, completion_ids)) == {int}  # one C-speed pass for the common case
+                                   and min(completion_ids) >= 0 and max(completion_ids) < vocab):
+            for i in completion_ids:
+                if not isinstance(i, int) or not 0 <= i < vocab:
+                    raise ValueError(f"token id {i!r} is outside this tokenizer's vocabulary (0..{vocab - 1})")
         rules = self.rules
         stopped = bool(completion_ids) and completion_ids[-1] in self._stop_set
         on_boundary = stopped and completion_ids[-1] == self._boundary_id
@@ -133,7 +144,7 @@ class RenderingContext:
         body = text
         keep_stop = self._wire.delimited_by_stop or (rules.boundary_closes_calls and on_boundary)
         if stopped and not keep_stop:
-            stop = self.template.decode([completion_ids[-1]])
+            stop = self._stop_text[completion_ids[-1]]
             body = text[: len(text) - len(stop)] if text.endswith(stop) else self.decode(list(completion_ids[:-1]))
         reasoning = None
         if rules.reasoning_tags and not self._wire.delimited_by_stop:
@@ -229,11 +240,13 @@ class RenderingContext:
         except Exception:
             return False
 
-    def _call_turn(self, tool_calls: Sequence[ToolCall], earlier_calls: int = 0
+    def _call_turn(self, tool_calls: Sequence[ToolCall], earlier_calls: int = 0, fresh: bool = False
                    ) -> tuple[list[dict], str, tuple[str, ...]]:
         """The synthetic conversation through a turn calling these tools (sanitized), its render through the
         boundary, and the call ids the results must carry; cached by names (and ids, where they show).
-        `earlier_calls`: synthetic calls in rounds before this one (where later rounds render otherwise)."""
+        `earlier_calls`: synthetic calls in rounds before this one (where later rounds render otherwise).
+        `fresh`: render the prefix again rather than take the cached one (it may be stale: a template that writes
+        today's date renders another prefix once the day has changed)."""
         style = self.rules.style
         calls = list(tool_calls)[: self.rules.max_calls_per_turn or None]
         names = tuple(c.name or NO_NAME for c in calls)
@@ -241,7 +254,7 @@ class RenderingContext:
             ids = tuple(c.id or style.call_id(0, i, n, earlier_calls) for i, (c, n) in enumerate(zip(calls, names)))
         else:  # fixed ids for the call turn and the results alike
             ids = tuple(style.call_id(0, i, n) for i, n in enumerate(names))
-        hit = self._turns.get((names, ids, earlier_calls))
+        hit = None if fresh else self._turns.get((names, ids, earlier_calls))
         if hit is not None:
             return hit
         turn = msgs.assistant(style, [(i, n, {}) for i, n in zip(ids, names)], self._reasoning)
@@ -294,21 +307,117 @@ class RenderingContext:
         """The suffix after the synthetic call turn (after `earlier_calls` synthetic calls in earlier rounds)."""
         if not tool_messages:
             raise ValueError("render_suffix needs at least one tool message")
+        if earlier_calls and self.counted_by_substitution:
+            counted = self._counted_suffix(tool_calls, tool_messages, earlier_calls)
+            if counted is not None:
+                return counted
+        return self._rendered_suffix(tool_calls, tool_messages, earlier_calls)
+
+    def _rendered_suffix(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict], earlier_calls: int) -> str:
+        """The suffix cut from the template's render of the whole synthetic conversation."""
         try:
-            base, prefix, ids = self._call_turn(tool_calls, earlier_calls)
-            if not self._ids_matter:
-                tool_messages = [dict(m, tool_call_id=ids[i]) if i < len(ids) else m
-                                 for i, m in enumerate(tool_messages)]
-            second = self.render_text(base + self.sanitize(tool_messages), self._tools, True)
+            for fresh in (False, True):  # the cached prefix, then (if the render no longer starts with it) a new one
+                base, prefix, ids = self._call_turn(tool_calls, earlier_calls, fresh=fresh)
+                results = self.sanitize(self._as_rendered(tool_messages, ids))
+                second = self.render_text(base + results, self._tools, True)
+                if second.startswith(prefix):
+                    return second[len(prefix):]
         except TemplateError as e:
             raise SuffixRenderError(f"the chat template refused the tool turn: {e}") from e
-        if not second.startswith(prefix):
-            at = next((i for i, (a, b) in enumerate(zip(prefix, second)) if a != b), min(len(prefix), len(second)))
-            raise SuffixRenderError(
-                "the chat template is not prefix-stable here: adding the tool results changed how the earlier "
-                f"turns render (first difference at char {at}: {prefix[at:at + 60]!r} vs {second[at:at + 60]!r}); "
-                "refusing rather than returning ids the trainer would train on")
-        return second[len(prefix):]
+        at = next((i for i, (a, b) in enumerate(zip(prefix, second)) if a != b), min(len(prefix), len(second)))
+        raise SuffixRenderError(
+            "the chat template is not prefix-stable here: adding the tool results changed how the earlier "
+            f"turns render (first difference at char {at}: {prefix[at:at + 60]!r} vs {second[at:at + 60]!r}); "
+            "refusing rather than returning ids the trainer would train on")
+
+    def _as_rendered(self, tool_messages: list[dict], ids: tuple[str, ...]) -> list[dict]:
+        """The tool messages as the synthetic conversation holds them: where the template does not show ids, they
+        answer the synthetic turn's fixed ids."""
+        if self._ids_matter:
+            return tool_messages
+        return [dict(m, tool_call_id=ids[i]) if i < len(ids) else m for i, m in enumerate(tool_messages)]
+
+    # ------------------------------------------------------------ templates that number calls
+
+    def _counted_suffix(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict],
+                        earlier_calls: int) -> str | None:
+        """The suffix after `earlier_calls` calls, for a template that numbers the conversation's calls, without
+        rendering those calls at every Step (their render grows with the conversation).
+
+        The tool outputs are rendered exactly, after no earlier call (the cheapest render); where the template wrote
+        each output there verbatim, between text that is the same for every output (`_output_slots`), the suffix
+        is that same template's text after `earlier_calls` calls, rendered once per shape with placeholder outputs,
+        with the outputs in its slots. None where the outputs are not written verbatim (render the whole
+        conversation instead). Registration checks this against whole renders (`_counts_by_substitution`), and the
+        golden check's rounds compare it with the template's render of a real conversation."""
+        contents = [self.sanitize(m.get("content")) for m in tool_messages]
+        if not all(isinstance(c, str) for c in contents):
+            return None
+        first = self._output_slots(tool_calls, tool_messages, 0)
+        later = self._output_slots(tool_calls, tool_messages, earlier_calls)
+        if first is None or later is None:
+            return None
+        if self._rendered_suffix(tool_calls, tool_messages, 0) != _fill(first, contents):
+            return None  # the template does not write these outputs as they are
+        return _fill(later, contents)
+
+    def _output_slots(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict],
+                      earlier_calls: int) -> tuple[str, ...] | None:
+        """The suffix after `earlier_calls` calls with placeholder outputs, split at the placeholders (None where
+        a placeholder is not written exactly once, in order); cached per shape: the calls, the tool messages
+        without their content, the earlier calls."""
+        ids = self._call_turn(tool_calls, earlier_calls)[2]
+        key = (tuple(c.name for c in tool_calls), ids, earlier_calls,
+               tuple(tuple(sorted((k, v) for k, v in m.items() if k != "content"))
+                     for m in self._as_rendered(tool_messages, ids)))
+        if key in self._slots:
+            return self._slots[key]
+        marks = [f"{_PLACEHOLDER}_{i}" for i in range(len(tool_messages))]
+        text = self._rendered_suffix(tool_calls, [dict(m, content=p) for m, p in zip(tool_messages, marks)],
+                                     earlier_calls)
+        parts: list[str] | None = []
+        rest = text
+        for p in marks:
+            head, found, rest = rest.partition(p)
+            if not found or p in head or p in rest:
+                parts = None
+                break
+            parts.append(head)
+        slots = None if parts is None else (*parts, rest)
+        with self._lock:
+            if len(self._slots) >= _CACHE_LIMIT:
+                self._slots.clear()
+            self._slots[key] = slots
+        return slots
+
+    def _counts_by_substitution(self) -> bool:
+        """Whether `_counted_suffix` gives this template's exact suffixes: compared with whole renders for outputs
+        that a template might not write as they are (blank, padded with whitespace and newlines, quoting, markup,
+        the template's own call-id text), after 1 to 3 earlier calls, for one and two results."""
+        if not self.counts_calls:
+            return False
+        style = self.rules.style
+        outputs = ["", " ", "\n\n  x  \n\n", "line 1\nline 2\n", "\"quoted\" \\ 'single' <b>&amp;</b>",
+                   "functions.lookup:0 ## Return of", "ünïcødé 😀", self.rules.boundary]
+        verbatim = 0
+        for n in (1, 2):
+            calls = [ToolCall(style.call_id(0, i, "lookup", 7), "lookup", "{}") for i in range(n)]
+            for earlier in (1, 3):
+                for k, out in enumerate(outputs):
+                    group = [msgs.tool("lookup", c.id, outputs[(k + i) % len(outputs)]) for i, c in enumerate(calls)]
+                    try:
+                        counted = self._counted_suffix(calls, group, earlier)
+                        whole = self._rendered_suffix(calls, group, earlier)
+                    except Exception:
+                        return False  # the golden check reports what does not render
+                    if counted is None:
+                        continue  # not written verbatim: such outputs are rendered whole at every Step
+                    if counted != whole:
+                        log.warning("%s: numbered calls are rendered whole at every Step: the template writes the "
+                                    "output %r otherwise after %d earlier calls", self.family, out, earlier)
+                        return False
+                    verbatim += 1
+        return verbatim > 0
 
     def _suffix_ids(self, tool_calls: Sequence[ToolCall], group: Sequence[Message], earlier_calls: int) -> list[int]:
         return self.encode(self._suffix_after(

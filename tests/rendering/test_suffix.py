@@ -260,3 +260,24 @@ def test_suffix_refuses_when_not_prefix_stable():
                               renderer_version=ctx.renderer_version)
     with pytest.raises(SuffixRenderError, match="not prefix-stable"):
         broken.render_suffix([ToolCall("call_0", PY, "{}")], [Message(Role.TOOL, "1")], None)
+
+
+def test_a_template_that_writes_the_date_still_renders_suffixes_after_midnight():
+    """MUSE Glimmer's template writes today's date (strftime_now) into its system turn, the start of every synthetic
+    conversation a suffix is cut from; the cached start went stale when the day changed and every Step after midnight
+    failed as 'not prefix-stable'. The clock is the fault here, so the test moves the template's clock (its
+    strftime_now global) a day on, then back."""
+    ctx = ctx_for("muse_glimmer_vllm")
+    assert "strftime_now" in ctx.template.source
+    calls = [ToolCall(ctx.rules.style.call_id(0, 0, PY), PY, '{"code": "1"}')]
+    results = [Message.tool_result(calls[0], "42\n")]
+    before = ctx.render_suffix(calls, results, None).ids
+    env_globals = ctx.template._template.environment.globals
+    today = env_globals["strftime_now"]
+    env_globals["strftime_now"] = lambda fmt: "2099-12-31"
+    try:
+        assert "2099-12-31" in ctx.render_text(ctx.sanitize([{"role": "user", "content": "x"}]), None, True)
+        assert ctx.render_suffix(calls, results, None).ids == before
+    finally:
+        env_globals["strftime_now"] = today
+    assert ctx.render_suffix(calls, results, None).ids == before
