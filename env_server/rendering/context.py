@@ -61,7 +61,7 @@ class RenderingContext:
         self._stop_text = {i: t.decode([i]) for i in self._stop_set if i is not None}
         self._boundary_id = t.token_id(self.rules.boundary)
         self._wire = formats()[self.rules.wire]
-        self._head = msgs.head(self.rules.style)
+        self._head = msgs.synthetic_head(self.rules.style)
         self._reasoning = msgs.SYNTHETIC_REASONING if self.rules.style.reasoning_in_synthetic else None
         self._tools = msgs.synthetic_tools(self.rules.style)
         self._ids_matter = self._template_reads_ids()

@@ -35,6 +35,11 @@ def head(style: MessageStyle, user: Mapping[str, Any] = SYNTHETIC_USER) -> list[
     return ([dict(SYSTEM)] if style.system else []) + [dict(user)]
 
 
+def synthetic_head(style: MessageStyle) -> list[dict]:
+    """The opening of tito's synthetic conversations (the probe's and the suffix's)."""
+    return ([dict(SYSTEM)] if style.system or style.system_in_synthetic else []) + [dict(SYNTHETIC_USER)]
+
+
 def _arguments(style: MessageStyle, args: Any) -> Any:
     if style.json_args:
         return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from .errors import UnsupportedTemplateError
 from .families import FamilyRules, MessageStyle
-from .messages import assistant, head, synthetic_tools, tool
+from .messages import assistant, synthetic_head, synthetic_tools, tool
 from .parsing import formats, split_reasoning
 from .template import ChatTemplate, lcp
 from .values import tool_index
@@ -101,7 +101,8 @@ class Probe:
 
     def _shape_problem(self, style: MessageStyle, calls) -> str | None:
         try:
-            text = self.render(head(style) + [self.turn(style, calls)] + self.results(style, calls, [_OUT]), True)
+            text = self.render(synthetic_head(style) + [self.turn(style, calls)] + self.results(style, calls, [_OUT]),
+                               True)
         except Exception as e:  # jinja raises anything: TypeError, TemplateError, ...
             return f"it raised {type(e).__name__}: {str(e)[:200]}"
         missing = [s for s in ("lookup", _ARG, _OUT) if s not in text]
@@ -118,7 +119,8 @@ class Probe:
     def max_calls(self, style: MessageStyle) -> int | None:
         calls = [("run_python", {"code": _ARG + "1"}), ("lookup", {"word": _ARG + "2"})]
         try:
-            text = self.render(head(style) + [self.turn(style, calls)] + self.results(style, calls, ["a", "b"]), True)
+            text = self.render(synthetic_head(style) + [self.turn(style, calls)]
+                               + self.results(style, calls, ["a", "b"]), True)
         except Exception:
             return 1  # Llama 3.1: "This model only supports single tool-calls at once!"
         return None if _ARG + "2" in text else 1  # gpt-oss renders tool_calls[0] only
@@ -130,7 +132,7 @@ class Probe:
         for name in _REASONING_FIELDS:
             candidate = dataclasses.replace(style, reasoning_field=name)
             try:
-                text = self.render(head(candidate) + [self.turn(candidate, calls, _THOUGHT)])
+                text = self.render(synthetic_head(candidate) + [self.turn(candidate, calls, _THOUGHT)])
             except Exception:
                 continue
             if _THOUGHT in text:
@@ -142,8 +144,9 @@ class Probe:
         if not style.reasoning_field:
             return None, False
         tools = synthetic_tools(style)
-        h = self.render(head(style), True, tools)
-        text = self.render(head(style) + [self.turn(style, [("lookup", {"word": _ARG})], _THOUGHT)], False, tools)
+        h = self.render(synthetic_head(style), True, tools)
+        text = self.render(synthetic_head(style) + [self.turn(style, [("lookup", {"word": _ARG})], _THOUGHT)], False,
+                           tools)
         at, start = text.find(_THOUGHT), self.t.turn_start(h, text)
         after = self.t.added_tokens_in(text, at + len(_THOUGHT))
         open_tag = text[start:at].strip()  # what the model writes before its reasoning (Gemma: '<|channel>thought')
@@ -161,25 +164,29 @@ class Probe:
         """(the token after a final answer, the token after an answer followed by a user turn)."""
         out = []
         for extra in ([], [{"role": "user", "content": "next"}]):
-            text = self.render(head(style) + [{"role": "assistant", "content": _ANSWER}] + extra)
+            text = self.render(synthetic_head(style) + [{"role": "assistant", "content": _ANSWER}] + extra)
             toks = self.t.added_tokens_in(text, text.rfind(_ANSWER) + len(_ANSWER))
             out.append(toks[0][0] if toks else None)
         return out[0], out[1]
 
     def boundary(self, style: MessageStyle, plain_end: str | None) -> Boundary:
         """The token that ends a call turn, tried with the synthetic turn plain, then with reasoning (Qwen3 drops an
-        empty thinking block), each without tools, then with one (MUSE Glimmer writes its system turn only with tools
-        or a generation prompt); the first of the rules below that fits wins."""
+        empty thinking block), each without tools, then opening with a system message, then with one tool (MUSE
+        Glimmer writes its system turn only with tools, a system message or a generation prompt); the first of the
+        rules below that fits wins."""
         calls = [("lookup", {"word": _ARG})]
         problems: list[str] = []
         for with_reasoning in ([False, True] if style.reasoning_field else [False]):
-            for with_tools in (False, True):
-                st = dataclasses.replace(style, reasoning_in_synthetic=with_reasoning, tools_in_synthetic=with_tools)
+            for with_system, with_tools in ((False, False), (True, False), (False, True)):
+                if with_system and style.system:
+                    continue  # the same conversation as the first
+                st = dataclasses.replace(style, reasoning_in_synthetic=with_reasoning, tools_in_synthetic=with_tools,
+                                         system_in_synthetic=with_system)
                 reasoning, tools = _THOUGHT if with_reasoning else None, synthetic_tools(st)
-                h = self.render(head(st), True, tools)
-                a = self.render(head(st) + [self.turn(st, calls, reasoning)], False, tools)
-                b = self.render(head(st) + [self.turn(st, calls, reasoning)] + self.results(st, calls, [_OUT]), True,
-                                tools)
+                h = self.render(synthetic_head(st), True, tools)
+                a = self.render(synthetic_head(st) + [self.turn(st, calls, reasoning)], False, tools)
+                b = self.render(synthetic_head(st) + [self.turn(st, calls, reasoning)]
+                                + self.results(st, calls, [_OUT]), True, tools)
                 start = self.t.turn_start(h, a)
                 if lcp(a, b) < start:  # the conversation before the call turn renders otherwise
                     problems.append(f"adding the tool results changes the conversation before the call turn "
@@ -221,8 +228,8 @@ class Probe:
     def _prompt_always_written(self, style: MessageStyle, a: str, b: str, start: int, tools) -> Boundary | None:
         """The template writes its generation prompt after every conversation, asked for or not (ToolACE,
         Phi-4-mini): the call turn ends at its first token after which the render is only that prompt."""
-        h = self.render(head(style), True, tools)
-        if self.render(head(style), False, tools) != h:
+        h = self.render(synthetic_head(style), True, tools)
+        if self.render(synthetic_head(style), False, tools) != h:
             return None
         for tok in self.t.added_tokens_in(a, start, lcp(a, b)):
             if h.endswith(a[tok[1] + len(tok[0]):]):
@@ -266,8 +273,8 @@ class Probe:
                         overlap: bool) -> str:
         """The call turn as the model generates it: from where it leaves the generation prompt through the boundary."""
         tools = synthetic_tools(style)
-        h = self.render(head(style), True, tools)
-        a = self.render(head(style) + [self.turn(style, calls, reasoning)], False, tools)
+        h = self.render(synthetic_head(style), True, tools)
+        a = self.render(synthetic_head(style) + [self.turn(style, calls, reasoning)], False, tools)
         start = self.t.turn_start(h, a)
         if overlap:
             return a[start:] + boundary

@@ -175,7 +175,9 @@ def notes(ctx: RenderingContext) -> tuple[str, ...]:
     if rules.style.ids == "kimi":
         out.append("writes call ids, not names: tito's ids are functions.NAME:IDX")
     if ctx.counts_calls:
-        out.append("numbers calls across the conversation: suffixes rendered after as many calls")
+        out.append("numbers calls across the conversation: suffixes rendered after as many calls"
+                   + (" (once per shape, outputs substituted: rendering/context.py)" if ctx.counted_by_substitution
+                      else ""))
     if rules.rerenders_call_turn:
         out.append("renders the call turn otherwise once results follow: the suffix follows its end token as past "
                    "turns render it")
@@ -183,6 +185,8 @@ def notes(ctx: RenderingContext) -> tuple[str, ...]:
         out.append(f"{rules.boundary} closes the calls and ends the model's turn; the results follow inside it")
     if rules.style.tools_in_synthetic:
         out.append("renders the conversation otherwise without tools: synthetic renders carry one")
+    if rules.style.system_in_synthetic:
+        out.append("renders the conversation otherwise without a system message: synthetic renders open with one")
     return tuple(out)
 
 
@@ -231,13 +235,25 @@ def markdown(rows: list[Row]) -> str:
         "and each further one gets a tool message saying the format allows one call per turn.",
         "",
         "**Render engine.** Every template renders in transformers' Jinja configuration and sandbox (what",
-        "`apply_chat_template` and vLLM use; tito's subclass of the sandbox answers two of its checks faster, with",
+        "`apply_chat_template` and vLLM use; tito's subclass of the sandbox answers four of its checks faster, with",
         "the same answers), at registration and at every Step alike. A template that calls a",
         "method changing a list it builds (`.append`, `.pop`: llama.cpp's Kimi K2 Instruct and Thinking copies, made",
         "for llama.cpp's engine) is refused by transformers' sandbox (`SecurityError`), so neither transformers nor",
         "vLLM can render it; tito renders it with the same environment's configuration in jinja2's",
         "`SandboxedEnvironment`, which allows those methods and nothing else more, on copies of its inputs",
         "(`env_server/rendering/jinja_engine.py`; noted in the table).",
+        "",
+        "**Templates that number calls.** llama.cpp's Kimi K2 Instruct and Thinking templates number every call of",
+        "the conversation and write that number with each result, so a suffix depends on the calls before it. Rendering",
+        "all of them at every Step grows with the conversation (the suffix alone: 0.47 ms after 8 calls, 3.2 ms after",
+        "100, on one core of a 2-core machine; substituted, 0.2-0.3 ms after any number); tito",
+        "renders the results exactly after no earlier call, and where the template wrote each output as it is, puts",
+        "the outputs into a render after as many calls made once per shape with placeholder outputs; otherwise it",
+        "renders the whole conversation. This assumes one thing: a template writes an output the same way whatever",
+        "the number of calls before it. Registration checks it for outputs a template might write otherwise (blank,",
+        "padded, quoted, markup) after 1 and 3 calls and renders whole at every Step if any differs; the golden",
+        "check compares the suffixes with the template's render of real conversations (`env_server/rendering/",
+        "context.py`, `tests/rendering/test_kimi.py`).",
         "",
         "**Parsing.** By default a call is read as the family's deployment parser (vLLM's) reads it where the",
         "format's grammar does not allow it: a Hermes `<tool_call>` left open at the end of the output, a",

@@ -12,9 +12,10 @@ from env_server.rendering import UnsupportedTemplateError
 from env_server.rendering.probe import Probe
 from env_server.rendering.registry import _load_tokenizer
 from env_server.rendering.template import ChatTemplate
+from tito.types import Message, ToolCall
 from tito_assets.qwen_tokenizer import build_tokenizer_dir
 
-from .helpers import REGISTRY, Turn, files_for, walk
+from .helpers import REGISTRY, Turn, ctx_for, files_for, template_ids, walk
 
 # A Mistral-style rule: call ids must be 9 alphanumerics; the model writes the id, results quote it.
 MISTRAL_IDS = (
@@ -93,3 +94,25 @@ def test_check_tokenizer_command(capsys):
     assert "verdict: REFUSED" in out and "step 'message shape'" in out
     kwargs = json.dumps({"enable_thinking": False})
     assert check_main([str(build_tokenizer_dir(template="qwen3")), "--chat-template-kwargs", kwargs]) == 0
+
+
+def test_a_template_that_writes_its_system_turn_only_sometimes_gets_synthetic_renders_with_a_system_message():
+    """MUSE Glimmer's template writes a system turn when there are tools, a system message or a generation prompt:
+    without any of them its conversation renders otherwise once the prompt follows. The synthetic conversations open
+    with a system message (tried before a tool: its system turn then holds no tool definitions), and the suffix
+    still joins a real conversation with tools exactly (the golden check passed at registration)."""
+    from env_server.rendering import messages as msgs
+
+    ctx = ctx_for("muse_glimmer_vllm")
+    style = ctx.rules.style
+    assert style.system_in_synthetic and not style.tools_in_synthetic and not style.system
+    assert ctx._head[0] == msgs.SYSTEM and ctx._tools is None
+    assert msgs.head(style) == [msgs.SYNTHETIC_USER]  # a client's conversation is not changed
+    calls = [ToolCall(style.call_id(0, 0, "run_python"), "run_python", '{"code": "1"}')]
+    conv = [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": calls[0].id, "type": "function", "function": {"name": "run_python", "arguments": {"code": "1"}}}]},
+            {"role": "tool", "content": "1\n", "name": "run_python", "tool_call_id": calls[0].id}]
+    suffix = ctx.render_suffix(calls, [Message.tool_result(calls[0], "1\n")], None).ids
+    expected = template_ids(ctx, conv)
+    assert expected[len(expected) - len(suffix):] == suffix
