@@ -366,10 +366,13 @@ class RenderingContext:
         """The suffix after `earlier_calls` calls with placeholder outputs, split at the placeholders (None where
         a placeholder is not written exactly once, in order); cached per shape: the calls, the tool messages
         without their content, the earlier calls."""
-        ids = self._call_turn(tool_calls, earlier_calls)[2]
-        key = (tuple(c.name for c in tool_calls), ids, earlier_calls,
-               tuple(tuple(sorted((k, v) for k, v in m.items() if k != "content"))
-                     for m in self._as_rendered(tool_messages, ids)))
+        shown = self._ids_matter  # else the call turn's ids are fixed, and its results answer them (_as_rendered)
+        answered = len(tool_calls) if self.rules.max_calls_per_turn is None else min(
+            len(tool_calls), self.rules.max_calls_per_turn)
+        key = (tuple((c.id if shown else "", c.name) for c in tool_calls), earlier_calls,
+               tuple(tuple(sorted((k, v) for k, v in m.items()
+                                  if k != "content" and (shown or k != "tool_call_id" or i >= answered)))
+                     for i, m in enumerate(tool_messages)))
         if key in self._slots:
             return self._slots[key]
         marks = [f"{_PLACEHOLDER}_{i}" for i in range(len(tool_messages))]

@@ -68,9 +68,10 @@ class _FastChecks:
       ``unsafe_callable``, ``alters_data`` or ``jinja_pass_arg``), so ``is_safe_callable`` passes it and
       ``Context.call`` calls it as is; it is called here as ``Context.call`` would (jinja2 3.1): the loop and block
       variables the generated code passes are dropped, and a StopIteration gives an undefined value.
-    - ``getattr`` of a name an exact dict has no attribute for reads the key, as the sandbox does once Python's
+    - ``getattr`` of an exact dict: a name it has no attribute for reads the key, as the sandbox does once Python's
       getattr has raised AttributeError (templates read ``message.role``, ``tool_call.function.name``: raising and
-      catching that error was the largest part of such a read).
+      catching that error was the largest part of such a read); its own attributes (``message.get``) get the
+      memoized verdict, without the ``str.format`` check (a dict's attribute is never a string's method).
     - ``call`` of a template's own macro: the sandbox finds nothing unsafe on it (a template cannot set an attribute
       on a macro), and it is called as ``Context.call`` calls it: with the evaluation context first.
     Everything else goes to the sandbox's own methods."""
@@ -89,12 +90,17 @@ class _FastChecks:
         return verdict
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+        if type(obj) is not dict:
+            return super().getattr(obj, attribute)  # type: ignore[misc]
+        if attribute not in _DICT_ATTRIBUTES:
             try:  # the sandbox's path once getattr(obj, attribute) has raised AttributeError, without raising it
                 return obj[attribute]
             except (TypeError, LookupError):
                 return self.undefined(obj=obj, name=attribute)  # type: ignore[attr-defined]
-        return super().getattr(obj, attribute)  # type: ignore[misc]
+        value = getattr(obj, attribute)  # a dict's own attribute (d.get): never str.format, so no format wrapper
+        if self.is_safe_attribute(obj, attribute, value):
+            return value
+        return self.unsafe_undefined(obj, attribute)  # type: ignore[attr-defined]
 
     def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (jinja's names)
         kind = type(__obj)

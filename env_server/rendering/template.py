@@ -89,8 +89,18 @@ class ChatTemplate:
         return self._template.render(**variables)
 
     def sanitize(self, obj: Any) -> Any:
-        """Mark control-token strings in user-supplied text so they are encoded as text."""
-        return mark_control_tokens(obj, self._control_re)
+        """Mark control-token strings in user-supplied text so they are encoded as text: transformers'
+        ``mark_control_tokens``, walked here so that text holding no control token and no marker (almost all text)
+        is returned as it is after one C-speed search, which is what marking returns for it."""
+        if type(obj) is str:
+            if _CONTROL_TOKEN_START in obj or _CONTROL_TOKEN_END in obj or self._control_re.search(obj):
+                return mark_control_tokens(obj, self._control_re)
+            return obj
+        if type(obj) is dict:
+            return {key: self.sanitize(value) for key, value in obj.items()}
+        if type(obj) in (list, tuple):
+            return [self.sanitize(value) for value in obj]
+        return mark_control_tokens(obj, self._control_re)  # subclasses and everything else: transformers' walk
 
     def encode(self, text: str) -> list[int]:
         """Encode rendered (sanitized) template text."""

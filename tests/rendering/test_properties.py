@@ -38,3 +38,23 @@ def test_budget_always_respected(out, budget, template):
         assert s.ids == []
     else:
         assert len(s.ids) <= budget
+
+
+_PIECES = ["<|im_end|>", "<|im_start|>", "<tool_call>", "\U000f0000", "\U000f0001", "a", " ", "\n", "<|", "|>", "ü"]
+_TEXT = st.lists(st.sampled_from(_PIECES), max_size=8).map("".join)
+_DATA = st.recursive(_TEXT | st.integers() | st.none() | st.booleans(),
+                     lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+                     | st.dictionaries(_TEXT, inner, max_size=3), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=_DATA)
+def test_sanitize_marks_exactly_as_transformers_does(data):
+    """ChatTemplate.sanitize walks the data itself to skip text without control tokens or markers; every value and
+    type must be what transformers' mark_control_tokens gives (the markers, U+F0000 and U+F0001, are among the pieces)."""
+    from transformers.utils.chat_template_utils import _CONTROL_TOKEN_END, _CONTROL_TOKEN_START, mark_control_tokens
+
+    assert {_CONTROL_TOKEN_START, _CONTROL_TOKEN_END} == {"\U000f0000", "\U000f0001"}
+    template = ctx_for("qwen2_5").template
+    ours, theirs = template.sanitize(data), mark_control_tokens(data, template._control_re)
+    assert ours == theirs and repr(ours) == repr(theirs)
