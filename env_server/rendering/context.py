@@ -10,7 +10,15 @@ with the results, GLM's <|observation|>) right after it in the second render, so
 model already emitted is not repeated. Added tokens are split off before pre-tokenization, so
 tokenizing the suffix text alone gives exactly the ids the template's full render has there.
 If the second render does not start with the first up to the cut, the template rewrote earlier
-text and we refuse loudly (SuffixRenderError).
+text and we refuse loudly (SuffixRenderError); a cached first render is rendered again once before that
+(a template that writes today's date renders another one after midnight).
+
+Where later rounds render otherwise, synthetic earlier rounds come first: one for DeepSeek V3's
+template, as many calls as the conversation has had for templates that number calls (llama.cpp's Kimi
+K2 copies). For those, rather than rendering every earlier call at each Step, the results are rendered
+exactly after no earlier call and, where the template wrote each output as it is, the outputs go into
+the slots of a render after as many calls made once per shape with placeholder outputs
+(`_counted_suffix`; checked at registration, `_counts_by_substitution`).
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ log = logging.getLogger(__name__)
 
 _CACHE_LIMIT = 1024
 _PLACEHOLDER = "zqx_placeholder_output"  # tool output that marks where results start in a render
+_MISSING = object()
 
 
 def _fill(slots: tuple[str, ...], outputs: list[str]) -> str:
@@ -373,8 +382,9 @@ class RenderingContext:
                tuple(tuple(sorted((k, v) for k, v in m.items()
                                   if k != "content" and (shown or k != "tool_call_id" or i >= answered)))
                      for i, m in enumerate(tool_messages)))
-        if key in self._slots:
-            return self._slots[key]
+        held = self._slots.get(key, _MISSING)  # one read: another thread may clear the cache between two
+        if held is not _MISSING:
+            return held  # type: ignore[return-value]
         marks = [f"{_PLACEHOLDER}_{i}" for i in range(len(tool_messages))]
         text = self._rendered_suffix(tool_calls, [dict(m, content=p) for m, p in zip(tool_messages, marks)],
                                      earlier_calls)
