@@ -18,12 +18,14 @@ template, as many calls as the conversation has had for templates that number ca
 K2 copies). For those, rather than rendering every earlier call at each Step, the results are rendered
 exactly after no earlier call and, where the template wrote each output as it is, the outputs go into
 the slots of a render after as many calls made once per shape with placeholder outputs
-(`_counted_suffix`; checked at registration, `_counts_by_substitution`).
+(`_counted_suffix`; checked at registration, `_counts_by_substitution`, and by a whole render of the first
+and every AUDIT_EVERY-th substituted suffix, `_audited`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 from collections.abc import Iterable, Sequence
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 _CACHE_LIMIT = 1024
 _PLACEHOLDER = "zqx_placeholder_output"  # tool output that marks where results start in a render
 _MISSING = object()
+AUDIT_EVERY = 64  # every so many substituted suffixes of numbered calls (the first too) is checked by a whole render
 
 
 def _fill(slots: tuple[str, ...], outputs: list[str]) -> str:
@@ -77,6 +80,7 @@ class RenderingContext:
         self._turns: dict[tuple, tuple] = {}  # (names, ids, earlier calls) -> (synthetic conversation, prefix, ids)
         self._index_of: tuple[Any, dict] = (None, {})
         self._slots: dict[tuple, tuple[str, ...] | None] = {}  # shape -> suffix split at placeholder outputs
+        self._substituted = itertools.count()  # substituted suffixes so far (next() is atomic under the GIL)
         self._lock = threading.Lock()
         self.counted_by_substitution = False  # the probes below render whole conversations
         self.rounds_differ = self._rounds_differ()
@@ -318,9 +322,27 @@ class RenderingContext:
             raise ValueError("render_suffix needs at least one tool message")
         if earlier_calls and self.counted_by_substitution:
             counted = self._counted_suffix(tool_calls, tool_messages, earlier_calls)
-            if counted is not None:
+            if counted is not None and next(self._substituted) % AUDIT_EVERY:
                 return counted
+            if counted is not None:
+                return self._audited(counted, tool_calls, tool_messages, earlier_calls)
         return self._rendered_suffix(tool_calls, tool_messages, earlier_calls)
+
+    def _audited(self, counted: str, tool_calls: Sequence[ToolCall], tool_messages: list[dict],
+                 earlier_calls: int) -> str:
+        """The whole render, compared with the substituted suffix (the first and every AUDIT_EVERY-th one): a template
+        that writes an output otherwise after more calls in a way registration's outputs did not show is then said
+        loudly, and substitution is off for this tokenizer from here on."""
+        whole = self._rendered_suffix(tool_calls, tool_messages, earlier_calls)
+        if whole != counted:
+            self.counted_by_substitution = False
+            at = next((i for i, (a, b) in enumerate(zip(whole, counted)) if a != b), min(len(whole), len(counted)))
+            log.error("%s template (tokenizer %s): the suffix of tool outputs after %d calls differs from the one put "
+                      "together from a render after no call (at char %d: %r vs %r); numbered calls are rendered whole "
+                      "from now on. Earlier suffixes of this tokenizer may differ from the template's render: its "
+                      "outputs depend on the number of calls before them", self.family, self.fingerprint[:12],
+                      earlier_calls, at, whole[at:at + 60], counted[at:at + 60])
+        return whole
 
     def _rendered_suffix(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict], earlier_calls: int) -> str:
         """The suffix cut from the template's render of the whole synthetic conversation."""

@@ -159,3 +159,28 @@ def test_a_template_that_writes_outputs_otherwise_after_more_calls_is_rendered_w
     assert "## Return of functions.lookup:5\nquiet<|im_end|>" in trims._suffix_after(calls, group, 5)
     assert shouts._counted_suffix(calls, group, 5) is None
     assert "## Return of functions.lookup:5\n  QUIET <|im_end|>" in shouts._suffix_after(calls, group, 5)
+
+
+def test_a_difference_registration_could_not_see_is_caught_by_the_audit_and_said(caplog):
+    """A template that rewrites one word of an output after two calls passes registration (its outputs hold no such
+    word). The first substituted suffix, and every AUDIT_EVERY-th after it, is compared with the whole render: the
+    difference is logged as an error naming the tokenizer, the whole render is returned, and substitution stays off."""
+    import logging
+
+    from env_server.rendering.context import AUDIT_EVERY
+
+    ctx = _variant("{% if tool_call_counter.value > 2 %}{{ render_content(message) | replace('quiet', 'loud') }}"
+                   "{% else %}{{ render_content(message) }}{% endif %}")
+    assert ctx.counted_by_substitution
+    calls = [ToolCall("functions.lookup:5", "lookup", "{}")]
+    quiet = [{"role": "tool", "content": "quiet", "name": "lookup", "tool_call_id": calls[0].id}]
+    plain = [dict(quiet[0], content="calm")]
+    for _ in range(AUDIT_EVERY):  # the first is audited, the rest substituted: all right, as these outputs hold no word
+        assert "## Return of functions.lookup:5\ncalm<|im_end|>" in ctx._suffix_after(calls, plain, 5)
+    assert ctx._counted_suffix(calls, quiet, 5) != ctx._rendered_suffix(calls, quiet, 5)  # what substitution gets wrong
+    with caplog.at_level(logging.ERROR, logger="env_server.rendering.context"):
+        suffix = ctx._suffix_after(calls, quiet, 5)  # the next audited one
+    assert "## Return of functions.lookup:5\nloud<|im_end|>" in suffix
+    assert not ctx.counted_by_substitution
+    assert "rendered whole from now on" in caplog.text and ctx.fingerprint[:12] in caplog.text
+    assert "## Return of functions.lookup:5\nloud<|im_end|>" in ctx._suffix_after(calls, quiet, 5)
