@@ -384,26 +384,31 @@ class RenderingContext:
         contents = [self.sanitize(m.get("content")) for m in tool_messages]
         if not all(isinstance(c, str) for c in contents):
             return None
-        first = self._output_slots(tool_calls, tool_messages, 0)
-        later = self._output_slots(tool_calls, tool_messages, earlier_calls)
+        shape = self._shape(tool_calls, tool_messages)
+        first = self._output_slots(shape, tool_calls, tool_messages, 0)
+        later = self._output_slots(shape, tool_calls, tool_messages, earlier_calls)
         if first is None or later is None:
             return None
         if self._rendered_suffix(tool_calls, tool_messages, 0) != _fill(first, contents):
             return None  # the template does not write these outputs as they are
         return _fill(later, contents)
 
-    def _output_slots(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict],
-                      earlier_calls: int) -> tuple[str, ...] | None:
-        """The suffix after `earlier_calls` calls with placeholder outputs, split at the placeholders (None where
-        a placeholder is not written exactly once, in order); cached per shape: the calls, the tool messages
-        without their content, the earlier calls."""
-        shown = self._ids_matter  # else the call turn's ids are fixed, and its results answer them (_as_rendered)
+    def _shape(self, tool_calls: Sequence[ToolCall], tool_messages: list[dict]) -> tuple:
+        """What a suffix's text around the outputs depends on: the calls and the tool messages without their content
+        (without the ids where the template does not show them: its results answer fixed ids, `_as_rendered`)."""
+        shown = self._ids_matter
         answered = len(tool_calls) if self.rules.max_calls_per_turn is None else min(
             len(tool_calls), self.rules.max_calls_per_turn)
-        key = (tuple((c.id if shown else "", c.name) for c in tool_calls), earlier_calls,
-               tuple(tuple(sorted((k, v) for k, v in m.items()
-                                  if k != "content" and (shown or k != "tool_call_id" or i >= answered)))
-                     for i, m in enumerate(tool_messages)))
+        return (tuple((c.id if shown else "", c.name) for c in tool_calls),
+                tuple(tuple(sorted((k, v) for k, v in m.items()
+                                   if k != "content" and (shown or k != "tool_call_id" or i >= answered)))
+                      for i, m in enumerate(tool_messages)))
+
+    def _output_slots(self, shape: tuple, tool_calls: Sequence[ToolCall], tool_messages: list[dict],
+                      earlier_calls: int) -> tuple[str, ...] | None:
+        """The suffix after `earlier_calls` calls with placeholder outputs, split at the placeholders (None where
+        a placeholder is not written exactly once, in order); cached per `shape` and number of earlier calls."""
+        key = (shape, earlier_calls)
         held = self._slots.get(key, _MISSING)  # one read: another thread may clear the cache between two
         if held is not _MISSING:
             return held  # type: ignore[return-value]

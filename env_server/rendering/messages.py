@@ -37,7 +37,7 @@ def head(style: MessageStyle, user: Mapping[str, Any] = SYNTHETIC_USER) -> list[
 
 def synthetic_head(style: MessageStyle) -> list[dict]:
     """The opening of tito's synthetic conversations (the probe's and the suffix's)."""
-    return ([dict(SYSTEM)] if style.system or style.system_in_synthetic else []) + [dict(SYNTHETIC_USER)]
+    return ([dict(SYSTEM)] if style.system_in_synthetic and not style.system else []) + head(style)
 
 
 def _arguments(style: MessageStyle, args: Any) -> Any:
