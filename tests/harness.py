@@ -211,7 +211,26 @@ def start_server(
     user: int | None = None,
 ) -> ServerProcess:
     """`port`: listen there (a restarted replica on its old address), else on a free port. `backend`: where its
-    sandboxes run (sandbox.backend). `user`: run the server as this uid (and gid), no supplementary groups."""
+    sandboxes run (sandbox.backend). `user`: run the server as this uid (and gid), no supplementary groups.
+    A free port is found by binding and closing a socket, so another process (the other pytest worker's server)
+    can take it before this server binds it: then the server is started again on other free ports, twice at most."""
+    for attempt in range(3):
+        server = _start_server(tmp_dir, server_name, env, args, credentials, channel_options, port, backend, user)
+        if not wait:
+            return server
+        try:
+            server.wait_serving()
+            return server
+        except RuntimeError:
+            server.channel.close()
+            if port is not None or attempt == 2 or "Address already in use" not in server.log():
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_server(tmp_dir: Path, server_name: str | None, env: dict[str, str] | None, args: list[str] | None,
+                  credentials: grpc.ChannelCredentials | None, channel_options: list[tuple[str, str]] | None,
+                  port: int | None, backend: str, user: int | None) -> ServerProcess:
     port, metrics_port = port or free_port(), free_port()
     server_name = server_name or f"test-{uuid.uuid4().hex[:8]}"
     log_path = tmp_dir / f"server-{server_name}-{port}.log"
@@ -238,7 +257,4 @@ def start_server(
     with open(log_path, "wb") as log_file:
         as_user = {} if user is None else {"user": user, "group": user, "extra_groups": []}
         proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=log_file, stderr=subprocess.STDOUT, **as_user)
-    server = ServerProcess(port, server_name, proc, metrics_port, log_path, credentials, channel_options or [])
-    if wait:
-        server.wait_serving()
-    return server
+    return ServerProcess(port, server_name, proc, metrics_port, log_path, credentials, channel_options or [])
