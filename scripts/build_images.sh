@@ -61,7 +61,7 @@ server_wheels() {
         rm -rf "$dir"; return 0
     fi
     # The server's requirements pinned to what .venv has (pip freeze as constraints; not the project itself).
-    .venv/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" >.build/server-requirements.txt
+    .venv/bin/python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['server']))" >.build/server-requirements.txt
     .venv/bin/python -m pip freeze --exclude-editable --disable-pip-version-check | grep -v ' @ ' >.build/server-constraints.txt || true
     want=$(cat .build/server-requirements.txt .build/server-constraints.txt | sha256sum | cut -c1-16)
     if [ "$(cat "$dir/.pins" 2>/dev/null)" = "$want" ]; then return 0; fi

