@@ -41,7 +41,10 @@ class UidLease:
         self.pool._release(self)
 
     def __del__(self) -> None:  # a sandbox dropped without remove(): its uid is not lost for good
-        self.release()
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - at interpreter shutdown
+            pass
 
 
 class UidPool:
@@ -60,6 +63,13 @@ class UidPool:
             self._shared_locks = False
             log.warning("bwrap sandboxes: cannot make %s (%s): sandbox uids are unique within this server only; "
                         "another server on this host may hand out the same ones", lock_dir, exc)
+        for path in ("/etc/subuid", "/etc/subgid"):
+            for owner, first, count in _subordinate_ranges(path):
+                if first < start + size and start < first + count:
+                    log.warning("bwrap sandboxes: the sandbox uid range %d-%d overlaps %s's range of %s (%d-%d): its "
+                                "containers and these sandboxes would share per-user quotas; move "
+                                "sandbox.bwrap.uid_range_start", start, start + size - 1, owner, path, first,
+                                first + count - 1)
 
     def take(self) -> UidLease:
         with self._lock:
@@ -96,3 +106,18 @@ class UidPool:
             if fd is not None:
                 os.close(fd)
             self._held.discard(lease.uid)
+
+
+def _subordinate_ranges(path: str) -> list[tuple[str, int, int]]:
+    """(owner, first, count) of each line of /etc/subuid or /etc/subgid; none where it is missing."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        owner, _, rest = line.partition(":")
+        first, _, count = rest.partition(":")
+        if first.strip().isdigit() and count.strip().isdigit():
+            found.append((owner, int(first), int(count)))
+    return found
