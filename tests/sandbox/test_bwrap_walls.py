@@ -17,6 +17,8 @@ from env_server.sandbox import BackendUnavailable
 from env_server.sandbox.bwrap import rootfs
 from env_server.sandbox.bwrap.handle import StderrTail
 from env_server.sandbox.bwrap.rootfs_tree import clone_tree, harden
+from env_server.sandbox.bwrap.uids import UidPool
+from env_server.sandbox.errors import SandboxError
 from env_server.sandbox.logtext import log_safe
 from tests.harness import SANDBOX_IMAGE, only_backend
 
@@ -155,3 +157,14 @@ def test_a_root_filesystem_others_may_write_is_refused_at_start_and_hardened_by_
     assert sorted(harden(where / rootfs.TREE)) == ["run/lock", "var/tmp"]
     assert stat.S_IMODE((where / rootfs.TREE / "var/tmp").stat().st_mode) == 0o1755
     assert rootfs.load(copy_dir, SANDBOX_IMAGE).path == where / rootfs.TREE
+
+
+def test_two_servers_on_one_host_never_hand_out_the_same_sandbox_uid(tmp_path):
+    first, second = UidPool(5000, 2, tmp_path), UidPool(5000, 2, tmp_path)
+    a, b = first.take(), first.take()
+    assert {a.uid, b.uid} == {5000, 5001}
+    with pytest.raises(SandboxError, match="all 2 sandbox uids from 5000 are in use"):
+        second.take()
+    a.release()
+    c = second.take()
+    assert c.uid == a.uid and a.uid not in first._held
