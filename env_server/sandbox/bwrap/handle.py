@@ -73,7 +73,7 @@ class BwrapSandbox:
         self.process = process
         self.cgroup = cgroup
         self.uid = uid  # its own host uid (root server), given back once nothing of the sandbox runs
-        self._init: _Process | None = None  # the sandbox's pid 1 (bwrap's init)
+        self._init: _Process | None = None  # the sandbox's pid 1 (the REPL's own init, runtime/repl_init.py)
         self._repl: _Process | None = None
         self._lock = threading.Lock()
         self.removed = False
