@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import stat
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -137,26 +140,30 @@ async def test_a_sandbox_never_starts_a_line_of_the_servers_log(caplog):
     assert log_safe("a\nb\u2028c") == "a\\nb\\u2028c" and log_safe(b"plain \xff") == "plain \ufffd"
 
 
-def test_a_root_filesystem_others_may_write_is_refused_at_start_and_hardened_by_the_build(bwrap_ok, tmp_path):
+def test_a_root_filesystem_others_may_write_is_refused_at_start_and_hardened_by_the_build(bwrap_ok):
     real = rootfs.load(rootfs.default_rootfs_dir(), SANDBOX_IMAGE)
     # The built root filesystem: nothing in it that anyone but root (or this user) may write.
     assert rootfs.unsafe_paths(real.path) == []
-    # One built before trees were hardened (Debian's /var/tmp and /run/lock are 1777): refused, saying how.
-    copy_dir = tmp_path / "rootfs"
-    where = rootfs.image_dir(copy_dir, SANDBOX_IMAGE)
-    where.mkdir(parents=True)
-    clone_tree(real.path, where / rootfs.TREE)
-    (where / rootfs.METADATA).write_bytes((real.path.parent / rootfs.METADATA).read_bytes())
-    for rel in ("var/tmp", "run/lock"):
-        os.chmod(where / rootfs.TREE / rel, 0o1777)
-    with pytest.raises(BackendUnavailable) as refused:
-        rootfs.load(copy_dir, SANDBOX_IMAGE)
-    said = str(refused.value)
-    assert "var/tmp (mode 1777" in said and "run/lock" in said and "scripts/build_rootfs.sh" in said, said
-    # The build's repair (a re-run of scripts/build_rootfs.sh on a current tree) takes the write bits off.
-    assert sorted(harden(where / rootfs.TREE)) == ["run/lock", "var/tmp"]
-    assert stat.S_IMODE((where / rootfs.TREE / "var/tmp").stat().st_mode) == 0o1755
-    assert rootfs.load(copy_dir, SANDBOX_IMAGE).path == where / rootfs.TREE
+    # One built before trees were hardened (Debian's /var/tmp and /run/lock are 1777): refused, saying how. The
+    # copy sits beside the real one (hard links need the same filesystem).
+    copy_dir = Path(tempfile.mkdtemp(prefix=".test-walls-", dir=rootfs.default_rootfs_dir()))
+    try:
+        where = rootfs.image_dir(copy_dir, SANDBOX_IMAGE)
+        where.mkdir(parents=True)
+        clone_tree(real.path, where / rootfs.TREE)
+        (where / rootfs.METADATA).write_bytes((real.path.parent / rootfs.METADATA).read_bytes())
+        for rel in ("var/tmp", "run/lock"):
+            os.chmod(where / rootfs.TREE / rel, 0o1777)
+        with pytest.raises(BackendUnavailable) as refused:
+            rootfs.load(copy_dir, SANDBOX_IMAGE)
+        said = str(refused.value)
+        assert "var/tmp (mode 1777" in said and "run/lock" in said and "scripts/build_rootfs.sh" in said, said
+        # The build's repair (a re-run of scripts/build_rootfs.sh on a current tree) takes the write bits off.
+        assert sorted(harden(where / rootfs.TREE)) == ["run/lock", "var/tmp"]
+        assert stat.S_IMODE((where / rootfs.TREE / "var/tmp").stat().st_mode) == 0o1755
+        assert rootfs.load(copy_dir, SANDBOX_IMAGE).path == where / rootfs.TREE
+    finally:
+        shutil.rmtree(copy_dir, ignore_errors=True)
 
 
 def test_two_servers_on_one_host_never_hand_out_the_same_sandbox_uid(tmp_path):
