@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the bwrap backend's root filesystems without Docker (env_server/sandbox/bwrap/rootfs_build.py does the
-# work; a re-run skips what is current and takes a second or two):
+# work; a re-run skips what is current and takes a second or two, but still takes write permission for group and
+# others off current trees built before the builder did: the server refuses a tree others than root may write):
 #   base        Debian bookworm with python3: debootstrap (root), the same base scripts/bootstrap_base_image.sh
 #               gives Docker; or, without root, TITO_ROOTFS_FROM_TAR=FILE (a tarball of such a tree made elsewhere)
 #   sandbox     tito-sandbox-python:latest      sandbox_images/python/Dockerfile's recipe on the base

@@ -15,6 +15,7 @@ import logging
 import socket
 from typing import Any, Callable
 
+from .logtext import log_safe
 from .runtime import repl_protocol as protocol
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,8 @@ class ReplChannel:
         if self._stderr_logged < _STDERR_LOG_CAP:
             chunk = data[: _STDERR_LOG_CAP - self._stderr_logged]
             self._stderr_logged += len(chunk)
-            log.warning("sandbox %s REPL stderr: %s", self.name, chunk.decode("utf-8", "replace").rstrip())
+            # Escaped: the container writes these bytes, and must never start a line of the server's log.
+            log.warning("sandbox %s REPL stderr: %s", self.name, log_safe(chunk))
 
     def on_close(self, listener: Callable[[], Any]) -> None:
         """Calls `listener()` once, when the channel closes (at once if it already has)."""

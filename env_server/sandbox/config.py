@@ -48,6 +48,12 @@ class BwrapConfig(BaseModel):
     # A server running as root starts sandboxes as this unprivileged host user ("uid:gid"), so that nothing in a
     # sandbox is root on the host; an unprivileged server runs them as itself.
     host_user: str = Field("65534:65534", pattern=r"^\d+:\d+$")
+    # ...and, unless uid_range_size is 0, each sandbox as a host uid of its own from [uid_range_start,
+    # uid_range_start + uid_range_size) (its gid the same number), given back when it is gone: per-user kernel
+    # quotas (inotify, POSIX message queues, pipe pages, RLIMIT_NPROC) are then per sandbox (bwrap/uids.py). The
+    # default sits above systemd's container range and below 2^31; it must not overlap /etc/subuid's ranges.
+    uid_range_start: int = Field(1_900_000_000, gt=0, lt=1 << 32)
+    uid_range_size: int = Field(65536, ge=0, lt=1 << 31)
     # Per-sandbox cgroups (pids, memory without swap, CPU) where the server may write them; "off" leaves the
     # limits to rlimits (named in the health detail and /metrics). cgroup_parent: a cgroup the server may write
     # (a v2 path under /sys/fs/cgroup, or a v1 path in each controller's hierarchy); None: found by itself.

@@ -92,6 +92,39 @@ def test_an_unprivileged_server_runs_sandboxes_and_says_which_limits_fall_back(u
                              text, re.M), limit
 
 
+
+def test_an_unprivileged_server_says_memory_is_unbounded_and_quotas_shared_and_keeps_its_walls(unprivileged_server):
+    """Issue 34: where no cgroup holds memory, RLIMIT_AS does not count memfd pages, and all sandboxes run as the
+    server's uid (its per-user kernel quotas shared): said plainly at start, in the health detail and /metrics.
+    The walls that need no privilege hold here too: pid 1 holds no handle back to the server, /proc/sys and /dev
+    are read-only."""
+    srv = unprivileged_server
+    log = srv.log()
+    shared = "sessions share one host uid's per-user kernel quotas (inotify instances and watches, POSIX message"
+    assert re.search(r"WARNING .*bwrap sandboxes: .*" + re.escape(shared), log), log[-3000:]
+    health = [line for line in log.splitlines() if "health: SERVING (ready:" in line]
+    assert health and shared in health[-1], log[-3000:]
+    flags = ["per_user_quotas_shared"]
+    if os.geteuid() == 0:  # as nobody no cgroup can be written here: memory has no bound but RLIMIT_AS
+        unbounded = "memory is NOT bounded: RLIMIT_AS does not count memfd or shared memory pages"
+        assert re.search(r"WARNING .*bwrap sandboxes: .*" + re.escape(unbounded), log), log[-3000:]
+        assert unbounded in health[-1]
+        flags.append("memory_unbounded")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=5).read().decode()
+    for flag in flags:
+        assert re.search(rf'^tito_sandbox_limit_fallback{{backend="bwrap",image="[^"]+",limit="{flag}"}} 1\.0$',
+                         text, re.M), flag
+    with TitoClient(srv.address) as client:
+        with client.open_session("python") as s:
+            out = _run(s, "import os\nfds = [os.readlink('/proc/1/fd/' + f) for f in os.listdir('/proc/1/fd')]\n"
+                          "def write(p):\n    try:\n        open(p, 'w').write('1')\n        return 'written'\n"
+                          "    except OSError as e:\n        return e.strerror\n"
+                          "(sorted(set(fds)), len(fds), open('/proc/1/cmdline').read().split(chr(0))[:3], "
+                          "write('/proc/sys/kernel/msgmax'), write('/dev/planted'))")
+            assert out == ("Out: (['/dev/null'], 3, ['python3', '-I', '/opt/tito/repl_server.py'], "
+                           "'Read-only file system', 'Read-only file system')"), out
+
+
 def test_conformance_passes_against_an_unprivileged_bwrap_server(unprivileged_server):
     proc = subprocess.run([sys.executable, "-m", "tito.conformance", "--address", unprivileged_server.address],
                           cwd=REPO, capture_output=True, text=True, timeout=600)

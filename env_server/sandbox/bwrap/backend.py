@@ -7,9 +7,13 @@ the cgroup where there is one). Limits: cgroups where the server may write them 
 REPL on itself (and for memory, where no cgroup holds it), the seccomp filter (seccomp_filter.py). Root
 filesystems: rootfs.py.
 
-    outer bwrap (host pid, the server's child)
-     └─ bwrap as pid 1 of the sandbox (reaps orphans; ignores signals from inside)
-         └─ python3 -I /opt/tito/repl_server.py (pid 2)
+    outer bwrap (host pid, the server's child; as a host uid of the sandbox's own under a root server, uids.py)
+     └─ python3 -I /opt/tito/repl_server.py as pid 1 of the sandbox: the REPL's init (runtime/repl_init.py:
+        holds no fd, reaps orphans, ignores signals from inside)
+         └─ python3 -I /opt/tito/repl_server.py, the REPL (pid 2)
+
+The sandbox's stderr (bwrap's errors, the REPL's before it captures its own) is logged line by line, escaped:
+nothing a sandbox writes can start a line of the server's log.
 """
 
 from __future__ import annotations
@@ -20,170 +24,30 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import threading
 import weakref
 from pathlib import Path
 
-from ..backend import ExitInfo, SandboxBackend, StartedSandbox
+from ..backend import SandboxBackend, StartedSandbox
 from ..channel import ChannelClosed, ReplChannel
 from ..config import SandboxConfig
 from ..disk import guard_for
 from ..errors import BackendUnavailable, SandboxError
 from ..runtime import repl_protocol as protocol
 from . import command, rootfs
-from .cgroups import CgroupLimits, CgroupTree, SandboxCgroup
+from .cgroups import CgroupLimits, CgroupTree
+from .handle import BwrapSandbox, StderrTail
+from .uids import UidPool
 
 log = logging.getLogger(__name__)
-_STDERR_KEEP = 8 * 1024
+# What sessions share where they all run as one host uid (an unprivileged server, or uid_range_size 0).
+SHARED_QUOTAS = ("sessions share one host uid's per-user kernel quotas (inotify instances and watches, POSIX "
+                 "message queue bytes, pipe buffer pages, RLIMIT_NPROC): one session can use them up for all")
+MEMORY_UNBOUNDED = ("memory is NOT bounded: RLIMIT_AS does not count memfd or shared memory pages, so a sandbox can "
+                    "hold more than sandbox.mem_limit")
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; without root, unpack its .deb "
                 "with dpkg -x and set sandbox.bwrap.bwrap_path), or run TITO_SANDBOX_BACKEND=bwrap scripts/setup.sh")
-
-
-class StderrTail(asyncio.Protocol):
-    """The sandbox's stderr (bwrap's own errors, the REPL's diagnostics): logged, and its start kept for the
-    message of a failed start."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.kept = bytearray()
-        self.closed = asyncio.get_running_loop().create_future()
-
-    def data_received(self, data: bytes) -> None:
-        if len(self.kept) < _STDERR_KEEP:
-            chunk = data[: _STDERR_KEEP - len(self.kept)]
-            self.kept += chunk
-            log.warning("sandbox %s stderr: %s", self.name, chunk.decode("utf-8", "replace").rstrip())
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    @property
-    def text(self) -> str:
-        return self.kept.decode("utf-8", "replace").strip()
-
-
-class BwrapSandbox:
-    """One running bwrap sandbox: the backend's `SandboxHandle`. Its methods block (waits, /proc, cgroupfs)."""
-
-    def __init__(self, name: str, process: subprocess.Popen[bytes], cgroup: SandboxCgroup | None) -> None:
-        self.id = name
-        self.process = process
-        self.cgroup = cgroup
-        self._init: _Process | None = None  # the sandbox's pid 1 (bwrap's init)
-        self._repl: _Process | None = None
-        self._lock = threading.Lock()
-        self.removed = False
-
-    def discover(self) -> None:
-        """Finds the sandbox's init (the outer bwrap's child) and REPL (the init's first child) once the REPL is
-        ready, and holds them by pidfd: a signal can then never reach a process that took a recycled pid."""
-        init = _children(self.process.pid)
-        self._init = _Process.open(init[0]) if init else None
-        repl = _children(init[0]) if init else []
-        self._repl = _Process.open(repl[0]) if repl else None
-
-    @property
-    def repl_pid(self) -> int | None:
-        return self._repl.pid if self._repl is not None else None
-
-    def signal(self, sig: str) -> None:
-        if sig == "SIGKILL":
-            self._kill_all()
-            return
-        if self._repl is None or self.process.poll() is not None or not self._repl.send(getattr(signal, sig)):
-            raise SandboxError("the sandbox's REPL is not running")
-
-    def _kill_all(self) -> None:
-        # The sandbox's pid 1 dies, and with it its whole pid namespace; the outer bwrap then reaps it and exits
-        # (so no orphan is left for whoever is pid 1 here to reap). Without the init, the outer bwrap is killed
-        # instead: its parent-death signal takes the rest. The cgroup catches anything caught mid-fork.
-        if self._init is None or not self._init.send(signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-        if self.cgroup is not None:
-            self.cgroup.kill()
-
-    def exit_info(self, wait_s: float) -> ExitInfo:
-        try:
-            code = self.process.wait(wait_s)
-            running = False
-        except subprocess.TimeoutExpired:
-            running = True
-            self._kill_all()
-            code = self.process.wait()
-        if code < 0:  # the outer bwrap itself was killed by a signal: the shell's convention
-            code = 128 - code
-        oom = self.cgroup is not None and self.cgroup.oom_kills() > 0
-        return ExitInfo(running=running, exit_code=code, oom_killed=oom and code == 128 + signal.SIGKILL)
-
-    def remove(self) -> bool:
-        with self._lock:
-            if self.removed:
-                return False
-            self.removed = True
-        existed = self.process.poll() is None
-        self._kill_all()
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:  # the init did not take the outer bwrap with it: kill that too
-            self.process.kill()
-            self.process.wait()
-        if self.cgroup is not None:
-            self.cgroup.remove()
-        for process in (self._init, self._repl):
-            if process is not None:
-                process.close()
-        return existed
-
-    def memory_bytes(self) -> int | None:
-        return self.cgroup.memory_bytes() if self.cgroup is not None else None
-
-
-class _Process:
-    """A process held by a pidfd (os.kill by pid where the kernel has no pidfds)."""
-
-    def __init__(self, pid: int, fd: int | None, gone: bool = False) -> None:
-        self.pid = pid
-        self.fd = fd
-        self.gone = gone
-
-    @classmethod
-    def open(cls, pid: int) -> _Process:
-        try:
-            return cls(pid, os.pidfd_open(pid))
-        except ProcessLookupError:
-            return cls(pid, None, gone=True)
-        except (AttributeError, OSError):  # no pidfds here (Python or kernel): by pid, as before pidfds
-            return cls(pid, None)
-
-    def send(self, sig: int) -> bool:
-        """Sends `sig`; False if the process is gone."""
-        if self.gone:
-            return False
-        try:
-            if self.fd is not None:
-                signal.pidfd_send_signal(self.fd, sig)
-            else:
-                os.kill(self.pid, sig)
-        except OSError:  # ProcessLookupError: it exited
-            return False
-        return True
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except (OSError, ValueError):
-        return []
 
 
 class BwrapBackend(SandboxBackend):
@@ -195,6 +59,9 @@ class BwrapBackend(SandboxBackend):
         self.rootfs_dir = Path(b.rootfs_dir) if b.rootfs_dir else rootfs.default_rootfs_dir()
         # Nothing in a sandbox may be root on the host: a root server starts them as an unprivileged user.
         self.host_user = b.host_user if os.geteuid() == 0 else None
+        # ... and, where a range is configured, each as a host uid of its own (per-user kernel quotas per sandbox).
+        self._uids = (UidPool(b.uid_range_start, b.uid_range_size)
+                      if self.host_user is not None and b.uid_range_size > 0 else None)
         self._bwrap: str | None = None
         self._setpriv: str | None = None
         self._seccomp: bytes | None = None
@@ -232,6 +99,9 @@ class BwrapBackend(SandboxBackend):
             note = self.limits_note
             if note:
                 log.warning("bwrap sandboxes: %s", note)
+            elif self._uids is not None:
+                log.info("bwrap sandboxes: each runs as a host uid of its own from %d (%d uids)",
+                         self.config.bwrap.uid_range_start, self.config.bwrap.uid_range_size)
         if self.disk is None:
             self.disk = guard_for(str(self.rootfs_dir), "the root filesystems", override=self.config.disk_path,
                                   min_free_mb=self.config.min_free_disk_mb)
@@ -262,17 +132,30 @@ class BwrapBackend(SandboxBackend):
 
     @property
     def limits_note(self) -> str | None:
-        if self._cgroups is None or not self._cgroups.missing:
+        if self._cgroups is None:
             return None
-        fallback = {"memory": "RLIMIT_AS per process", "pids": "RLIMIT_NPROC", "cpu": "nothing (no CPU quota)"}
+        notes = []
         missing = self._cgroups.missing
-        reasons = sorted(set(missing.values()))
-        return ("no cgroup for " + ", ".join(f"{c} (falls back to {fallback[c]})" for c in missing)
-                + f": {'; '.join(reasons)}")
+        if missing:
+            fallback = {"memory": "RLIMIT_AS per process", "pids": "RLIMIT_NPROC", "cpu": "nothing (no CPU quota)"}
+            reasons = sorted(set(missing.values()))
+            notes.append("no cgroup for " + ", ".join(f"{c} (falls back to {fallback[c]})" for c in missing)
+                         + f": {'; '.join(reasons)}")
+        if "memory" in missing:
+            notes.append(MEMORY_UNBOUNDED)
+        if self._uids is None:
+            notes.append(SHARED_QUOTAS)
+        return "; ".join(notes) or None
 
     @property
     def unenforced_limits(self) -> tuple[str, ...]:
-        return tuple(self._cgroups.missing) if self._cgroups is not None else ()
+        """The missing cgroups' limits, and, said plainly: `memory_unbounded` where no cgroup holds memory,
+        `per_user_quotas_shared` where sandboxes share one host uid."""
+        if self._cgroups is None:
+            return ()
+        missing = tuple(self._cgroups.missing)
+        return (missing + (("memory_unbounded",) if "memory" in missing else ())
+                + (("per_user_quotas_shared",) if self._uids is None else ()))
 
     def missing_task_image(self, quoted_image: str) -> str:
         return (f"the task image {quoted_image} has no root filesystem on this server (in {self.rootfs_dir}); "
@@ -295,7 +178,13 @@ class BwrapBackend(SandboxBackend):
         assert self._cgroups is not None
         limits = CgroupLimits(pids=config.pids_limit, memory_bytes=config.mem_limit_bytes,
                               cpu_quota_us=max(1000, config.nano_cpus // 10_000))
-        cgroup = self._cgroups.create(session_id, limits)
+        uid = self._uids.take() if self._uids is not None else None
+        try:
+            cgroup = self._cgroups.create(session_id, limits)
+        except BaseException:
+            if uid is not None:
+                uid.release()
+            raise
         memory_by_rlimit = cgroup is None or "memory" not in cgroup.dirs
         rlimits = command.rlimits(config, memory_by_rlimit=memory_by_rlimit)
         environment = command.sandbox_environment(config, image, rlimits)
@@ -309,7 +198,7 @@ class BwrapBackend(SandboxBackend):
                     w.write(self._seccomp)
             argv = command.starter_argv(self._argv(config, image, environment, seccomp_r),
                                         procs_files=cgroup.procs_files if cgroup else (),
-                                        setpriv=self._setpriv, host_user=self.host_user)
+                                        setpriv=self._setpriv, host_user=uid.user if uid else self.host_user)
             process = subprocess.Popen(argv, stdin=child, stdout=child, stderr=err_w,
                                        pass_fds=() if seccomp_r is None else (seccomp_r,),
                                        env=command.STARTER_ENVIRONMENT, start_new_session=True)
@@ -318,13 +207,15 @@ class BwrapBackend(SandboxBackend):
             os.close(err_r)
             if cgroup is not None:
                 cgroup.remove()
+            if uid is not None:
+                uid.release()
             raise
         finally:
             child.close()
             os.close(err_w)
             if seccomp_r is not None:
                 os.close(seccomp_r)
-        sandbox = BwrapSandbox(session_id, process, cgroup)
+        sandbox = BwrapSandbox(session_id, process, cgroup, uid)
         self._live.add(sandbox)
         return sandbox, host, err_r
 

@@ -3,14 +3,19 @@
     [/bin/sh -c 'join cgroups' ...]      when the sandbox has a cgroup: the starter writes its own pid into
                                          each cgroup.procs, then execs the rest (so bwrap and everything it
                                          starts is inside from the first instruction)
-    [setpriv --reuid U --regid G ...]    when the server is root: sandboxes run as an unprivileged host user
-    bwrap --unshare-all ... -- python3 -I /opt/tito/repl_server.py
+    [setpriv --reuid U --regid G ...]    when the server is root: sandboxes run as an unprivileged host user, one
+                                         of its own per live sandbox (uids.py)
+    bwrap --unshare-all --as-pid-1 ... -- python3 -I /opt/tito/repl_server.py
+                                         the REPL is pid 1: it forks its own init (repl_init.py), which holds no
+                                         file of the server's and whose command line names no host path
 
 docs/security.md sets each flag beside the Docker setting it stands for.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 
 from ..config import SandboxConfig, parse_bytes
@@ -20,6 +25,28 @@ from .rootfs import RootfsImage
 # Joins the cgroups named before "--", then runs what follows it.
 _JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Docker's masked and read-only paths of /proc (runc's defaults, plus /proc/interrupts): masked ones are covered
+# by /dev/null (files) or an empty read-only tmpfs (folders); read-only ones are bound read-only over themselves
+# (what /proc/sys shows follows the reader's namespaces, not the mount's). /sys is not mounted at all.
+MASKED_PROC = ("/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+               "/proc/sched_debug", "/proc/scsi", "/proc/timer_list", "/proc/timer_stats")
+READ_ONLY_PROC = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+
+
+@functools.cache
+def proc_walls() -> tuple[str, ...]:
+    """bwrap's arguments that mask and write-protect /proc (after --proc), for the paths this kernel has: a
+    path bwrap would have to create in procfs fails the start."""
+    argv: list[str] = []
+    for path in MASKED_PROC:
+        if os.path.isdir(path):
+            argv += ["--perms", "0555", "--size", "4096", "--tmpfs", path, "--remount-ro", path]
+        elif os.path.lexists(path):
+            argv += ["--ro-bind", "/dev/null", path]
+    for path in READ_ONLY_PROC:
+        if os.path.lexists(path):
+            argv += ["--ro-bind", path, path]
+    return tuple(argv)
 
 
 def rlimits(config: SandboxConfig, *, memory_by_rlimit: bool) -> dict[str, int]:
@@ -45,13 +72,16 @@ def bwrap_argv(bwrap: str, config: SandboxConfig, image: RootfsImage, environmen
     argv = [
         bwrap,
         # New user, pid, network (loopback only), ipc, uts, mount and cgroup namespaces; no nested user
-        # namespaces; everything dies with the server (and with bwrap); a session of its own (no TIOCSTI).
-        "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+        # namespaces; everything dies with the server (and with bwrap); a session of its own (no TIOCSTI); the
+        # command is pid 1 (no bwrap inside, which would hold the sandbox's stderr and the rootfs' host path).
+        "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "--as-pid-1",
         "--uid", uid, "--gid", gid or uid, "--hostname", "sandbox", "--cap-drop", "ALL",
         "--ro-bind", str(image.path), "/",
-        "--proc", "/proc", "--dev", "/dev",
+        "--proc", "/proc", *proc_walls(), "--dev", "/dev",
         "--perms", "1777", "--size", str(parse_bytes(config.tmp_size)), "--tmpfs", "/tmp",
         "--perms", "1777", "--size", str(parse_bytes(config.bwrap.shm_size)), "--tmpfs", "/dev/shm",
+        # /dev itself (bwrap's tmpfs of device nodes) read-only: no unbounded tmpfs to fill.
+        "--remount-ro", "/dev",
         "--perms", "0700", "--size", str(parse_bytes(config.workdir_size)), "--tmpfs", config.workdir,
         "--chdir", config.workdir, "--clearenv",
     ]

@@ -9,7 +9,9 @@ so `sandbox.image`, an environment's image and a session's task image name a roo
 name a Docker image. rootfs_build.py makes them, from the same recipe as the images or from a built image.
 
 The stamp's runtime digest is the REPL runtime's (runtime/*.py): a root filesystem made from another version of
-the runtime would speak another protocol, so it counts as missing until it is rebuilt.
+the runtime would speak another protocol, so it counts as missing until it is rebuilt. A root filesystem that
+anyone but root (or the server's own user) could write into is refused: every sandbox of the image would see what
+they put there (`unsafe_paths`; the builder hardens trees, rootfs_tree.harden).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +83,48 @@ class RootfsImage:
                 "built_at": self.built_at}
 
 
+_checked: set[tuple[str, str]] = set()  # (tree, built_at) found safe by this process
+
+
+def unsafe_paths(tree: Path, also: tuple[Path, ...] = ()) -> list[str]:
+    """Paths in `tree` (and the folders `also`) that someone other than root or this process's user could
+    write: writable by group or others, or owned by another user. Symbolic links are not followed."""
+    owners = {0, os.geteuid()}
+    found = []
+
+    def check(path: str) -> None:
+        st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            return
+        if st.st_mode & 0o022 or st.st_uid not in owners:
+            found.append(f"{path} (mode {stat.S_IMODE(st.st_mode):o}, owner uid {st.st_uid})")
+
+    for path in also:
+        check(str(path))
+    for folder, dirs, files in os.walk(tree):
+        check(folder)
+        for name in files:
+            check(os.path.join(folder, name))
+    return found
+
+
+def check_permissions(image: RootfsImage, rootfs_dir: Path) -> None:
+    """Raises BackendUnavailable if anyone but root (or this user) could write into the image's root filesystem."""
+    key = (str(image.path), image.built_at)
+    if key in _checked:
+        return
+    found = unsafe_paths(image.path, also=(rootfs_dir, image.path.parent))
+    if found:
+        shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
+        raise BackendUnavailable(
+            f"the root filesystem of {image.image!r} ({image.path}) can be written by users other than root"
+            f"{' and uid %d' % os.geteuid() if os.geteuid() else ''}: {shown}. Every sandbox of the image would see "
+            "what they put there, so the server refuses it. Repair it with scripts/build_rootfs.sh (a re-run "
+            "takes write permission for group and others off current root filesystems) or chmod go-w those "
+            "paths and chown them to root")
+    _checked.add(key)
+
+
 def image_dir(rootfs_dir: Path, image: str) -> Path:
     return rootfs_dir / image_key(image)
 
@@ -110,4 +155,5 @@ def load(rootfs_dir: Path, image: str) -> RootfsImage:
         if not os.path.lexists(tree / needed):
             raise BackendUnavailable(f"the root filesystem of {image!r} ({tree}) has no /{needed}; rebuild it: "
                                      f"{BUILD_HINT}", missing_image=True)
+    check_permissions(found, rootfs_dir)
     return found

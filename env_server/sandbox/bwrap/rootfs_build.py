@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -36,111 +35,20 @@ from typing import Callable
 
 from . import rootfs
 from .rootfs import METADATA, TREE, RootfsImage
+from .rootfs_tree import (BASE_ENV, BuildError, add_pth, add_tree, clone_tree, compile_runtime, dockerfile_config,
+                          harden, listing_digest, log, run_in, tree_digest, tree_digest_file, write_new)
+
+__all__ = ["BASE_ENV", "BuildError", "Builder", "dockerfile_config", "harden", "main"]
 
 BUILDER_VERSION = "1"
 SANDBOX_IMAGE = "tito-sandbox-python:latest"
 SCIENTIFIC_IMAGE = "tito-sandbox-scientific:latest"
-BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 SLIMMED = ("var/cache/apt/archives", "var/lib/apt/lists", "var/log", "usr/share/doc", "usr/share/man",
            "usr/share/info")
 
 
-class BuildError(Exception):
-    pass
-
-
-def log(message: str) -> None:
-    print(f"[rootfs] {message}", flush=True)
-
-
 def _digest(*parts: str) -> str:
     return hashlib.sha256("\0".join((BUILDER_VERSION, *parts)).encode()).hexdigest()[:16]
-
-
-def tree_digest(path: Path) -> str:
-    """Names, modes and contents of a folder's files (what a task context holds)."""
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        rel = p.relative_to(path).as_posix()
-        h.update(rel.encode() + b"\0" + oct(p.lstat().st_mode).encode())
-        if p.is_symlink():
-            h.update(os.readlink(p).encode())
-        elif p.is_file():
-            h.update(p.read_bytes())
-    return h.hexdigest()[:16]
-
-
-# -- the Dockerfile's config lines ------------------------------------------------------------------------
-
-def dockerfile_config(path: Path) -> dict[str, object]:
-    """ENV, CMD and WORKDIR of a Dockerfile (the forms our Dockerfiles use): what a container of the image
-    starts with, and so what a sandbox of its root filesystem starts with."""
-    text = re.sub(r"\\\n", " ", path.read_text())
-    env: dict[str, str] = {}
-    config: dict[str, object] = {"env": env}
-    for line in text.splitlines():
-        word, _, rest = line.strip().partition(" ")
-        if word == "ENV":
-            for item in shlex.split(rest):
-                key, _, value = item.partition("=")
-                env[key] = value
-        elif word == "CMD":
-            config["cmd"] = json.loads(rest)
-        elif word == "WORKDIR":
-            config["workdir"] = rest.strip()
-    return config
-
-
-# -- trees ----------------------------------------------------------------------------------------------
-
-def _link_or_copy(src: str, dst: str) -> None:
-    if os.path.lexists(dst):
-        os.unlink(dst)  # never written through: it may be a link to a parent's file
-    try:
-        os.link(src, dst)
-    except OSError:  # another filesystem, or a file we may not link
-        shutil.copy2(src, dst)
-
-
-def clone_tree(src: Path, dst: Path) -> None:
-    """`cp -al`: the tree again, its files as hard links (copies across filesystems)."""
-    shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
-
-
-def add_tree(src: Path, dst: Path) -> int:
-    """Adds `src`'s files under `dst` (as links where it can); how many files."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy, dirs_exist_ok=True)
-    return sum(1 for p in dst.rglob("*") if not p.is_dir())
-
-
-def write_new(path: Path, data: str, mode: int = 0o644) -> None:
-    """Writes a file as a new inode: a hard-linked parent's copy is never changed."""
-    tmp = path.with_name(path.name + ".tito-new")
-    tmp.write_text(data)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def run_in(tree: Path, argv: list[str], *, writable: tuple[str, ...] = ()) -> str:
-    """Runs a command in the tree: in bwrap (no network; `writable`: folders of the tree it may write), or, for
-    root on a machine without bwrap (building Docker's base), in a chroot."""
-    bwrap = shutil.which("bwrap")
-    env = {**BASE_ENV}
-    if bwrap is not None:
-        cmd = [bwrap, "--unshare-all", "--die-with-parent", "--ro-bind", str(tree), "/"]
-        for folder in writable:
-            cmd += ["--bind", str(tree / folder.strip("/")), folder]
-        cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv",
-                "--setenv", "PATH", BASE_ENV["PATH"], "--setenv", "LANG", "C.UTF-8", "--", *argv]
-    elif os.geteuid() == 0 and shutil.which("chroot"):
-        cmd = ["chroot", str(tree), *argv]
-    else:
-        raise BuildError("bwrap not found: install bubblewrap (apt-get install bubblewrap)")
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise BuildError(f"{' '.join(argv)} failed in {tree} (exit {done.returncode}): {done.stderr.strip()[-800:]}")
-    return done.stdout
 
 
 class Builder:
@@ -159,7 +67,15 @@ class Builder:
         if self.force or meta is None or meta.get("recipe") != recipe:
             return False
         log(f"{name}: up to date ({rootfs.image_dir(self.rootfs_dir, name)}, built {meta.get('built_at')})")
+        self._harden(name, rootfs.image_dir(self.rootfs_dir, name) / TREE)  # one built before trees were hardened
         return True
+
+    @staticmethod
+    def _harden(name: str, tree: Path) -> None:
+        changed = harden(tree)
+        if changed:
+            shown = ", ".join("/" + c.lstrip("./") for c in changed[:6]) + (" ..." if len(changed) > 6 else "")
+            log(f"{name}: write permission for group and others taken off {len(changed)} paths ({shown})")
 
     def _parent(self, name: str) -> tuple[Path, dict[str, object]]:
         meta = self._meta(name)
@@ -168,7 +84,8 @@ class Builder:
         return rootfs.image_dir(self.rootfs_dir, name) / TREE, meta
 
     def _install(self, name: str, staging: Path, image: RootfsImage) -> Path:
-        """Writes the metadata and puts the staged build in place of the old one."""
+        """Writes the metadata and puts the staged build, hardened, in place of the old one."""
+        self._harden(name, staging / TREE)
         (staging / METADATA).write_text(json.dumps(image.metadata(), indent=2) + "\n")
         final = rootfs.image_dir(self.rootfs_dir, name)
         old = None
@@ -240,7 +157,7 @@ class Builder:
             for rel in ("dev", "proc", "sys", "tmp"):
                 shutil.rmtree(tree / rel, ignore_errors=True)
                 (tree / rel).mkdir()
-            os.chmod(tree / "tmp", 0o1777)
+            os.chmod(tree / "tmp", 0o755)  # a mount point: each sandbox's /tmp is a tmpfs of its own
             sources = tree / "etc/apt/sources.list"
             if not sources.exists() or not sources.read_text().strip():
                 write_new(sources, f"deb {mirror} {suite} main\n")
@@ -346,35 +263,6 @@ class Builder:
 
         recipe = _digest("export", info["Id"], rootfs.runtime_digest())
         return self._build(name, recipe, f"docker export {image} {info['Id'][:19]}", config, fill)
-
-
-def compile_runtime(tree: Path) -> None:
-    """Byte-compiles /opt/tito once at build time, not at every sandbox start (the root is read-only then)."""
-    run_in(tree, ["python3", "-c", "import compileall, sys; sys.exit(not compileall.compile_dir('/opt/tito', "
-                  "quiet=1))"], writable=("/opt/tito",))
-
-
-def add_pth(tree: Path, file_name: str, folder: str) -> None:
-    """A .pth in the system site-packages: importable by `python3` and by the REPL's `python3 -I` alike."""
-    site_dir = run_in(tree, ["python3", "-c", "import site; print(site.getsitepackages()[0])"]).strip()
-    target = tree / site_dir.strip("/")
-    target.mkdir(parents=True, exist_ok=True)
-    write_new(target / file_name, folder + "\n")
-
-
-def listing_digest(path: Path) -> str:
-    """Names and sizes of a folder's files: cheap, for large folders a tool wrote (pip --target)."""
-    h = hashlib.sha256()
-    for p in sorted(path.rglob("*")):
-        h.update(f"{p.relative_to(path).as_posix()}\0{p.lstat().st_size}\0".encode())
-    return h.hexdigest()[:16]
-
-
-def tree_digest_file(path: Path) -> str:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except OSError:
-        return "none"
 
 
 def main(argv: list[str] | None = None) -> int:

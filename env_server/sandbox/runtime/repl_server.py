@@ -1,4 +1,5 @@
-"""tito sandbox REPL server (stdlib only; runs as PID 2 under docker-init, inside the container).
+"""tito sandbox REPL server (stdlib only; runs as PID 2 under docker-init, inside the container, and under bwrap
+as the child of its own init, repl_init.py).
 
 It serves every operation of the wire protocol (repl_protocol.py, which the host imports too):
 Python code (`exec`) and commands in the session's persistent bash (`shell`, repl_shell.py), each
@@ -14,21 +15,20 @@ subprocesses can corrupt the protocol, and output is capped while it is produced
 reaches EOF (the host went away) the REPL exits, and with it the container.
 """
 
-import ast
 import builtins
 import io
-import linecache
 import os
 import signal
 import sys
 import threading
 import time
-import traceback
 
 # python3 -I leaves the script's folder off sys.path: the protocol and capture modules sit beside it.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import repl_protocol as protocol  # noqa: E402
 from repl_capture import BackgroundWrites, PipeCapture, ThreadRoutedStream  # noqa: E402
+from repl_cells import cap_text, compile_cell, format_error  # noqa: E402
+from repl_init import apply_rlimits, become_init_if_pid_1  # noqa: E402
 
 del sys.path[0]
 
@@ -227,50 +227,11 @@ class Repl:
 
     # -- one call ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def _cap_text(text, cap):
-        if text is None:
-            return None, False
-        text = text.encode("utf-8", "replace").decode("utf-8")  # drop lone surrogates
-        if len(text) <= cap:
-            return text, False
-        return text[:cap] + "\n... [truncated %d characters]" % (len(text) - cap), True
-
-    def _compile(self, code):
-        self.exec_count += 1
-        filename = "<cell-%d>" % self.exec_count
-        # Register the source so tracebacks show the offending lines.
-        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-        tree = ast.parse(code, filename, "exec")
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = ast.Expression(tree.body.pop().value)
-        body = compile(tree, filename, "exec")
-        expr = compile(last, filename, "eval") if last is not None else None
-        return body, expr
-
-    def _format_error(self, exc):
-        tb = exc.__traceback__
-        # Hide the REPL's own frames: start at the user's cell...
-        while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell-"):
-            tb = tb.tb_next
-        if isinstance(exc, SyntaxError):
-            tb = None
-        te = traceback.TracebackException(type(exc), exc, tb)
-        # ...and drop the signal handlers' frames that raised the interrupt inside it.
-        seen = set()
-        node = te
-        while node is not None and id(node) not in seen:
-            seen.add(id(node))
-            node.stack = traceback.StackSummary.from_list(
-                [f for f in node.stack if f.filename != THIS_FILE])
-            node = node.__cause__ or node.__context__
-        return "".join(te.format())
-
     def run(self, req):
         """Runs Python code; the value of a last expression comes back as its repr."""
         def body():
-            code, expr = self._compile(req.code)
+            self.exec_count += 1
+            code, expr = compile_cell(req.code, self.exec_count)
             exec(code, self.globals)
             if expr is not None:
                 result = eval(expr, self.globals)
@@ -339,7 +300,7 @@ class Repl:
             if os.getpid() != MAIN_PID:
                 os._exit(1)
             try:
-                error = self._format_error(exc)
+                error = format_error(exc, (THIS_FILE,))
             except BaseException:  # noqa: BLE001
                 error = "%s (traceback unavailable)" % type(exc).__name__
         finally:
@@ -356,8 +317,8 @@ class Repl:
             err = self.err.end(err_seen)
             python_dropped, writers = self.background.take()
 
-        value, value_cut = self._cap_text(returned if keep_value else None, value_cap)
-        error, error_cut = self._cap_text(error, value_cap)
+        value, value_cut = cap_text(returned if keep_value else None, value_cap)
+        error, error_cut = cap_text(error, value_cap)
         reply = protocol.ExecReply(
             id=req.id,
             stdout=out.text() if out else "",
@@ -431,22 +392,8 @@ class Repl:
             self.send(reply)
 
 
-def apply_rlimits():
-    """Sets the limits $TITO_RLIMITS names (see repl_protocol), before any thread or user code exists. A limit
-    that cannot be set ends the REPL: a sandbox never runs without a limit it was given."""
-    text = os.environ.pop(protocol.ENV_RLIMITS, "")
-    if not text:
-        return
-    import resource
-
-    try:
-        for name, value in protocol.decode_rlimits(text).items():
-            resource.setrlimit(getattr(resource, "RLIMIT_" + name.upper()), (value, value))
-    except (ValueError, OSError) as exc:
-        os.write(2, ("tito REPL: cannot set rlimits %r: %s\n" % (text, exc)).encode())
-        os._exit(protocol.EXIT_RLIMITS_FAILED)
-
-
 if __name__ == "__main__":
-    apply_rlimits()
+    apply_rlimits(protocol.ENV_RLIMITS, protocol.decode_rlimits, protocol.EXIT_RLIMITS_FAILED)
+    become_init_if_pid_1()  # under bwrap: the parent stays pid 1 as the sandbox's init (repl_init.py)
+    MAIN_PID = os.getpid()
     Repl().serve()
