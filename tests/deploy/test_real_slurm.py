@@ -115,6 +115,12 @@ def _assert_trained_and_stopped_cleanly(cluster: SlurmCluster, job: str, run: Pa
     print(f"job {job}: {records[0].get('RunTime')} run time, done {time.monotonic() - t0:.0f} s after the test waited")
     metrics = [json.loads(line) for line in (run / "train" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1] and isinstance(metrics[0]["reward_mean"], float), metrics
+    # The env's reward read over TLS: the warm start's tool-calling teachers ran their code in the server's
+    # sandboxes and were scored 1 by it.
+    demos = [json.loads(line) for line in (run / "train" / "demonstrations.jsonl").read_text().splitlines()]
+    tool_demos = [d for d in demos if d["meta"]["teacher"] == "tool"]
+    assert tool_demos and all(d["env_reward"] == 1.0 and d["tool_messages"] == [d["meta"]["answer"]]
+                              for d in tool_demos), demos
     log = (run / "env_server.log").read_text()
     # The server step ended by the server's own shutdown, not by Slurm aborting the step (no "CANCELLED" line
     # from slurmstepd, no srun abort lines), after it had sized its sessions from the job's --mem.
