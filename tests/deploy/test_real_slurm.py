@@ -29,8 +29,7 @@ NOBODY = 65534
 ROOTFS = "/var/lib/tito/rootfs"  # where setup builds them as root; the unprivileged job is pointed at them
 # The fewest GRPO steps on the demo's tiny model: one step of one prompt, two rollouts.
 TRAIN = ["examples/demo.yaml", "--steps", "1", "--set", "prompts_per_step=1", "--set", "num_generations=2",
-         "--set", "warm_start.steps=1", "--set", "progress=false",
-         "--set", "save_checkpoint=false"]
+         "--set", "warm_start.steps=1", "--set", "progress=false", "--set", "save_checkpoint=false"]
 # Sized for a cluster without GPUs, as deploy/slurm/README.md says: options apply to both components.
 HET_SIZES = ["--cpus-per-task=1", "--mem=2G", "--gpus-per-task=0"]
 ONE_NODE_SIZES = ["--cpus-per-task=1", "--mem=3G", "--gpus=0"]
