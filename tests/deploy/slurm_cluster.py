@@ -4,7 +4,8 @@ each with its own slurm.conf, state, spool, socket and log under one temporary f
 Debian's slurm-wlm 22.05 (setup installs it with munge). SlurmUser root, proctrack/linuxproc, task/none,
 select/cons_tres, no accounting: job states come from `scontrol show job`, step outcomes from the job's own
 files. Two nodes are two slurmd processes with their own names, ports and loopback addresses (127.0.0.1 and
-127.0.0.2): this machine's name (partition cpu, where the env server runs) and `tito-gpu` (partition gpu, no GPU gres: the job is sized with --gpus-per-task=0).
+127.0.0.2): this machine's name (partition cpu, where the env server runs) and `tito-gpu` (partition gpu, no GPU
+gres: the job is sized with --gpus-per-task=0).
 Every daemon is a child of this process, started in the foreground and stopped by its pid.
 """
 
@@ -78,7 +79,7 @@ class SlurmCluster:
         ctld_port, *node_ports = (free_port() for _ in range(1 + len(NODES)))
         nodes = "\n".join(f"NodeName={n} NodeAddr={a} Port={p} CPUs={CPUS} RealMemory={MEMORY_MB} State=UNKNOWN"
                           for (n, a, _), p in zip(NODES, node_ports))
-        parts = "\n".join(f"PartitionName={part} Nodes={n} MaxTime=INFINITE State=UP Default={'YES' if i == 0 else 'NO'}"
+        parts = "\n".join(f"PartitionName={part} Nodes={n} MaxTime=INFINITE State=UP Default={'NO' if i else 'YES'}"
                           for i, (n, _, part) in enumerate(NODES))
         self.conf.write_text(f"""\
 ClusterName=tito{secrets.token_hex(3)}

@@ -25,7 +25,8 @@ def test_auto_limit_refuses_what_the_memory_budget_cannot_hold(isolation, tmp_pa
                                                                 "TITO_POOL__TARGET_SIZE": "1"})
     stub = srv.stub()
     try:
-        assert re.search(r"max 1 sessions \(auto: 80% of [\d.]+ GiB (\([^)]*\) )?at \d+ MiB a session \(session_memory_mb\); "
+        assert re.search(r"max 1 sessions \(auto: 80% of [\d.]+ GiB (\([^)]*\) )?at \d+ MiB a session "
+                         r"\(session_memory_mb\); "
                          r"bounds: memory 0, fds \d+, pids \d+", srv.log()), srv.log()[-2000:]
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=5).read().decode()
         assert re.search(r"^tito_sessions_limit 1\.0$", metrics, re.M)
@@ -43,8 +44,8 @@ def test_auto_limit_refuses_what_the_memory_budget_cannot_hold(isolation, tmp_pa
         assert len(opened) == 1 and len(refused) == 3, outcomes
         for err in refused:
             assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err
-            assert re.search(r"the server holds its maximum of 1 sessions \(auto: 80% of [\d.]+ GiB (\([^)]*\) )?at \d+ MiB a "
-                             r"session \(session_memory_mb\)\); close some or retry later", err.details()), err.details()
+            assert re.search(r"the server holds its maximum of 1 sessions \(auto: 80% of [\d.]+ GiB "
+                             r"(\([^)]*\) )?at \d+ MiB a session \(session_memory_mb\)\); close some or retry later", err.details()), err.details()
         assert run(stub, opened[0], 1, "'held'").tool_messages[0].content == "Out: 'held'"
         stub.CloseSession(pb.CloseSessionRequest(session_id=opened[0]))
         sid = open_session(stub)  # the place is free again
