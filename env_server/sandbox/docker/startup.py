@@ -54,12 +54,18 @@ def container_kwargs(config: SandboxConfig, container_labels: dict[str, str], na
     # so fall back to a sticky world-writable workdir.
     numeric = uid.isdigit() and (gid or uid).isdigit()
     owner = f",mode=0700,uid={uid},gid={gid or uid}" if numeric else ",mode=1777"
+    # gVisor's /dev always holds /dev/fuse and /dev/net/tun, and runsc ignores Docker's masked paths: an empty
+    # read-only tmpfs hides /dev/net, the host's /dev/null (read-only) stands where /dev/fuse was.
+    hide_devices = config.runtime != "runc"
+    binds = {**(endpoint.bind if endpoint else {}),
+             **({"/dev/null": {"bind": "/dev/fuse", "mode": "ro"}} if hide_devices else {})}
     host_config = api.create_host_config(
         network_mode=config.network_mode,
         read_only=config.read_only,
         tmpfs={
             config.workdir: f"{config.tmpfs_options},size={config.workdir_size}{owner}",
             "/tmp": f"{config.tmpfs_options},size={config.tmp_size},mode=1777",
+            **({"/dev/net": "ro,nosuid,nodev,noexec,size=4k,mode=0555"} if hide_devices else {}),
         },
         cap_drop=list(config.cap_drop),
         security_opt=list(config.security_opt),
@@ -74,7 +80,7 @@ def container_kwargs(config: SandboxConfig, container_labels: dict[str, str], na
                  Ulimit(name="nofile", soft=config.nofile_limit, hard=config.nofile_limit)],
         # The protocol flows through stdout: don't have dockerd write it to disk too.
         log_config=LogConfig(type=LogConfig.types.NONE),
-        binds=endpoint.bind if endpoint else None,
+        binds=binds or None,
     )
     return dict(
         image=config.image,
