@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 
+import docker
 import pytest
 
 from env_server.sandbox import PoolConfig, SandboxPool
@@ -74,7 +75,21 @@ found""")
     assert "/dev/net/tun" not in found, found
 
 
+def _runsc_loads_seccomp() -> bool:
+    """Whether dockerd runs runsc with --oci-seccomp: without it gVisor ignores the container's seccomp profile."""
+    client = docker.from_env(timeout=10)
+    try:
+        runtime = (client.info().get("Runtimes") or {}).get("runsc") or {}
+    finally:
+        client.close()
+    return "--oci-seccomp" in (runtime.get("runtimeArgs") or [])
+
+
 async def test_mknod_of_a_character_device_is_refused(sandbox):
+    if sandbox.config.runtime == "runsc" and not _runsc_loads_seccomp():
+        # Debian's runsc (release 20221219) does not check CAP_MKNOD and its tmpfs ignores nodev; only a seccomp rule
+        # can refuse it, and runsc applies none without --oci-seccomp (docs/security.md, "gVisor").
+        pytest.xfail("runsc without --oci-seccomp: mknod of a character device cannot be refused")
     results = await _value(sandbox, """
 import os, stat
 results = {}

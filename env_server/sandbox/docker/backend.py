@@ -33,6 +33,7 @@ class DockerBackend(SandboxBackend):
         super().__init__(config, server_name=server_name, instance_id=instance_id)
         self._connections = connections
         self._client: docker.DockerClient | None = None
+        self._warned_seccomp = False
         # Each live container's own host uid (uids.py); none where the range is empty (all run as sandbox.user).
         self.uids = UidRange(config.uid_range_start, config.uid_range_size) if config.uid_range_size else None
 
@@ -60,6 +61,7 @@ class DockerBackend(SandboxBackend):
                         f"the Docker daemon has no runtime {runtime!r} (it has: {', '.join(sorted(known))}); for "
                         "gVisor run TITO_SANDBOX_RUNTIME=runsc scripts/setup.sh, which installs runsc and "
                         "registers it with dockerd, or set sandbox.runtime=runc")
+                self._warn_unfiltered(runtime, info["Runtimes"][runtime])
         except docker.errors.ImageNotFound:
             raise BackendUnavailable(f"sandbox image {image!r} not found; {BUILD_HINT}", missing_image=True) from None
         except (docker.errors.DockerException, OSError) as exc:
@@ -68,6 +70,15 @@ class DockerBackend(SandboxBackend):
                 f"{image!r} exists ({BUILD_HINT}); or run sandboxes without Docker: sandbox.backend=bwrap "
                 "(docs/setup.md)") from None
         self.check_disk()
+
+    def _warn_unfiltered(self, runtime: str, registered: dict) -> None:
+        """gVisor applies the container's seccomp profile only with --oci-seccomp: say so once."""
+        if runtime != "runsc" or "--oci-seccomp" in (registered.get("runtimeArgs") or []) or self._warned_seccomp:
+            return
+        self._warned_seccomp = True
+        log.warning("dockerd runs runsc without --oci-seccomp: gVisor ignores the sandboxes' seccomp profile, so what "
+                    "only the profile refuses (mknod of character devices, which this gVisor allows without "
+                    "CAP_MKNOD) is not refused (docs/security.md, gVisor)")
 
     def missing_task_image(self, quoted_image: str) -> str:
         return (f"the task image {quoted_image} is not on this server's Docker daemon; build it on that daemon "
