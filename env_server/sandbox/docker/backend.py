@@ -24,6 +24,7 @@ from .startup import SandboxStart
 from .uids import LABEL_UID, UidRange
 
 log = logging.getLogger(__name__)
+_warned_seccomp = False  # once per process, not per pool
 
 
 class DockerBackend(SandboxBackend):
@@ -33,7 +34,6 @@ class DockerBackend(SandboxBackend):
         super().__init__(config, server_name=server_name, instance_id=instance_id)
         self._connections = connections
         self._client: docker.DockerClient | None = None
-        self._warned_seccomp = False
         # Each live container's own host uid (uids.py); none where the range is empty (all run as sandbox.user).
         self.uids = UidRange(config.uid_range_start, config.uid_range_size) if config.uid_range_size else None
 
@@ -73,9 +73,10 @@ class DockerBackend(SandboxBackend):
 
     def _warn_unfiltered(self, runtime: str, registered: dict) -> None:
         """gVisor applies the container's seccomp profile only with --oci-seccomp: say so once."""
-        if runtime != "runsc" or "--oci-seccomp" in (registered.get("runtimeArgs") or []) or self._warned_seccomp:
+        global _warned_seccomp
+        if runtime != "runsc" or "--oci-seccomp" in (registered.get("runtimeArgs") or []) or _warned_seccomp:
             return
-        self._warned_seccomp = True
+        _warned_seccomp = True
         log.warning("dockerd runs runsc without --oci-seccomp: gVisor ignores the sandboxes' seccomp profile, so what "
                     "only the profile refuses (mknod of character devices, which this gVisor allows without "
                     "CAP_MKNOD) is not refused (docs/security.md, gVisor)")
