@@ -141,3 +141,13 @@ def test_uid_range_hands_out_each_uid_once_and_says_when_full():
     r.skip_foreign(["5000", "junk"])
     with pytest.raises(SandboxError):
         r.take()  # 5000 is held by another server's live container
+
+
+def test_every_backend_of_a_server_takes_from_one_range():
+    from env_server.sandbox.docker.backend import DockerBackend
+
+    config = fast_config("docker", uid_range_start=7000, uid_range_size=2)
+    python, scientific = (DockerBackend(config, server_name="s", instance_id="i") for _ in range(2))
+    assert python.uids is scientific.uids  # the pools of two images never hand out the same uid
+    assert {python.uids.take(), scientific.uids.take()} == {7000, 7001}
+    assert DockerBackend(fast_config("docker", uid_range_size=0), server_name="s", instance_id="i").uids is None

@@ -21,7 +21,7 @@ from .container import ContainerHandle
 from .labels import LABEL_INSTANCE, selector
 from .socket_channel import remove_instance_dirs
 from .startup import SandboxStart
-from .uids import LABEL_UID, UidRange
+from .uids import LABEL_UID, shared_range
 
 log = logging.getLogger(__name__)
 _warned_seccomp = False  # once per process, not per pool
@@ -35,7 +35,7 @@ class DockerBackend(SandboxBackend):
         self._connections = connections
         self._client: docker.DockerClient | None = None
         # Each live container's own host uid (uids.py); none where the range is empty (all run as sandbox.user).
-        self.uids = UidRange(config.uid_range_start, config.uid_range_size) if config.uid_range_size else None
+        self.uids = shared_range(config.uid_range_start, config.uid_range_size) if config.uid_range_size else None
 
     @property
     def client(self) -> docker.DockerClient:

@@ -5,9 +5,10 @@ are counted by the host uid. With one uid for every container, one session could
 other; with a uid each, as Podman's `--userns=auto` gives, a session can only exhaust its own. A uid is held
 from the container's create (a warm pool's containers hold theirs) until it is removed, then goes back.
 
-Taking is next-fit from a random point of the range, so a freed uid is not handed out again at once and two
-servers on one daemon rarely meet; the uids that other servers' live containers carry (label `tito.uid`) when
-this one starts are skipped. Servers that must never share a uid get disjoint ranges.
+One range is shared by every backend of the process with the same bounds (`shared_range`): a server's pools (one
+per image) never hand out the same uid. Taking is next-fit from a random point of the range, so a freed uid is not
+handed out again at once and two servers on one daemon rarely meet; the uids that other servers' live containers
+carry (label `tito.uid`) when this one starts are skipped. Servers that must never share a uid get disjoint ranges.
 """
 
 from __future__ import annotations
@@ -68,3 +69,15 @@ class UidRange:
     def holds(self, uid: int) -> bool:
         with self._lock:
             return uid in self._held
+
+
+_shared: dict[tuple[int, int], UidRange] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_range(start: int, size: int) -> UidRange:
+    """The process's one `UidRange` for these bounds."""
+    with _shared_lock:
+        if (start, size) not in _shared:
+            _shared[(start, size)] = UidRange(start, size)
+        return _shared[(start, size)]
