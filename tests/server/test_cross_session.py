@@ -44,7 +44,7 @@ def test_a_fork_bomb_in_one_session_never_fails_another_sessions_step(isolation,
             while not bomb.done() or seq < 6:
                 seq += 1
                 # Any RPC error raises here and fails the test: B is never to see A's trouble.
-                outs.append(run(stub, b, seq, f"x += 1; x", timeout=30).tool_messages[0].content)
+                outs.append(run(stub, b, seq, "x += 1; x", timeout=30).tool_messages[0].content)
                 time.sleep(0.2)
             bombed = bomb.result()
         assert outs == [f"Out: {i}" for i in range(2, seq + 1)], outs
