@@ -131,16 +131,19 @@ async def test_a_removed_container_gives_its_uid_back(pool):
 
 def test_uid_range_hands_out_each_uid_once_and_says_when_full():
     r = UidRange(5000, 3)
-    taken = {r.take(), r.take(), r.take()}
+    taken = {r.take("a"), r.take("b"), r.take("c")}
     assert taken == {5000, 5001, 5002}
     with pytest.raises(SandboxError, match="widen sandbox.uid_range_size"):
-        r.take()
-    r.release(5001)
-    assert r.take() == 5001
-    r.release("5000")
+        r.take("d")
+    r.release(5001, "b")
+    d = r.take("d")
+    assert d == 5001
+    r.release(5001, "b")  # a second release by its earlier holder (a sweep) leaves d's uid held
+    assert r.holds(5001)
+    r.release("5000", "a")
     r.skip_foreign(["5000", "junk"])
     with pytest.raises(SandboxError):
-        r.take()  # 5000 is held by another server's live container
+        r.take("e")  # 5000 is held by another server's live container
 
 
 def test_every_backend_of_a_server_takes_from_one_range():
@@ -149,5 +152,5 @@ def test_every_backend_of_a_server_takes_from_one_range():
     config = fast_config("docker", uid_range_start=7000, uid_range_size=2)
     python, scientific = (DockerBackend(config, server_name="s", instance_id="i") for _ in range(2))
     assert python.uids is scientific.uids  # the pools of two images never hand out the same uid
-    assert {python.uids.take(), scientific.uids.take()} == {7000, 7001}
+    assert {python.uids.take("a"), scientific.uids.take("b")} == {7000, 7001}
     assert DockerBackend(fast_config("docker", uid_range_size=0), server_name="s", instance_id="i").uids is None

@@ -18,7 +18,7 @@ from ..config import BUILD_HINT, SandboxConfig
 from ..disk import guard_for
 from ..errors import BackendUnavailable, SandboxError
 from .container import ContainerHandle
-from .labels import LABEL_INSTANCE, selector
+from .labels import LABEL_INSTANCE, LABEL_SESSION, selector
 from .socket_channel import remove_instance_dirs
 from .startup import SandboxStart
 from .uids import LABEL_UID, shared_range
@@ -88,7 +88,7 @@ class DockerBackend(SandboxBackend):
 
     async def start(self, config: SandboxConfig, *, session_id: str, executor: concurrent.futures.Executor,
                     timeout_s: float) -> StartedSandbox:
-        uid = self.uids.take() if self.uids is not None else None
+        uid = self.uids.take(session_id) if self.uids is not None else None
         start = SandboxStart(self.client, config, server_name=self.server_name, instance_id=self.instance_id,
                              session_id=session_id, executor=executor, uid=uid)
         try:
@@ -96,7 +96,7 @@ class DockerBackend(SandboxBackend):
         except BaseException as exc:
             await start.abort()
             if self.uids is not None:
-                self.uids.release(uid)
+                self.uids.release(uid, session_id)
             if isinstance(exc, docker.errors.ImageNotFound):
                 raise SandboxError(f"sandbox image {config.image!r} not found") from exc
             if isinstance(exc, docker.errors.DockerException):
@@ -106,7 +106,7 @@ class DockerBackend(SandboxBackend):
             start.close_endpoint()
         assert start.container is not None and start.calls is not None and start.attach is not None
         if self.uids is not None:
-            start.container.on_removed = lambda: self.uids.release(uid)
+            start.container.on_removed = lambda: self.uids.release(uid, session_id)
         return StartedSandbox(handle=start.container, calls=start.calls, watch=start.attach)
 
     def sweep(self, *, keep_instance: str | None = None, only_instance: str | None = None) -> int:
@@ -134,7 +134,8 @@ class DockerBackend(SandboxBackend):
                 log.warning("could not remove container %s: %s", c["Id"][:12], exc)
                 continue
             if self.uids is not None and container_labels.get(LABEL_INSTANCE) == self.instance_id:
-                self.uids.release(container_labels.get(LABEL_UID))  # a removal that had failed held it
+                # A removal that had failed held it.
+                self.uids.release(container_labels.get(LABEL_UID), container_labels.get(LABEL_SESSION))
         return removed
 
     def _skip_foreign_uids(self) -> None:

@@ -28,32 +28,34 @@ class UidRange:
     def __init__(self, start: int, size: int) -> None:
         self.start = start
         self.size = size
-        self._held: set[int] = set()
+        self._held: dict[int, str] = {}  # uid -> its holder (the sandbox's session id)
         self._foreign: set[int] = set()  # held by other servers' containers at start-up
         self._next = random.randrange(size) if size else 0
         self._lock = threading.Lock()
 
-    def take(self) -> int:
-        """A free uid, now held. Raises SandboxError when every uid of the range is held."""
+    def take(self, holder: str) -> int:
+        """A free uid, now held by `holder`. Raises SandboxError when every uid of the range is held."""
         with self._lock:
             for _ in range(self.size):
                 uid = self.start + self._next
                 self._next = (self._next + 1) % self.size
                 if uid not in self._held and uid not in self._foreign:
-                    self._held.add(uid)
+                    self._held[uid] = holder
                     return uid
         raise SandboxError(
             f"all {self.size} host uids of sandbox.uid_range_start={self.start} / uid_range_size={self.size} are "
             "held by live sandboxes; widen sandbox.uid_range_size (or close sessions)")
 
-    def release(self, uid: int | str | None) -> None:
-        """Gives a uid back (a container's label value, or None: nothing). Unknown or foreign uids are ignored."""
+    def release(self, uid: int | str | None, holder: str | None) -> None:
+        """Gives back a uid (a container's label value; None: nothing) if `holder` still holds it: a second
+        release (a sweep after the sandbox's own removal) never frees a uid that another sandbox took since."""
         try:
             value = int(uid) if uid is not None else None
         except ValueError:
             return
         with self._lock:
-            self._held.discard(value)
+            if value is not None and self._held.get(value) == holder:
+                del self._held[value]
 
     def skip_foreign(self, uids: Iterable[str | int]) -> None:
         """Marks uids that other servers' live containers hold (their `tito.uid` labels) as not to be taken."""
@@ -64,7 +66,7 @@ class UidRange:
             except ValueError:
                 continue
         with self._lock:
-            self._foreign = found - self._held
+            self._foreign = found - self._held.keys()
 
     def holds(self, uid: int) -> bool:
         with self._lock:
