@@ -131,19 +131,18 @@ async def test_a_removed_container_gives_its_uid_back(pool):
 
 def test_uid_range_hands_out_each_uid_once_and_says_when_full():
     r = UidRange(5000, 3)
-    taken = {r.take("a"), r.take("b"), r.take("c")}
-    assert taken == {5000, 5001, 5002}
+    taken = {holder: r.take(holder) for holder in "abc"}  # next-fit from a random point of the range
+    assert sorted(taken.values()) == [5000, 5001, 5002]
     with pytest.raises(SandboxError, match="widen sandbox.uid_range_size"):
         r.take("d")
-    r.release(5001, "b")
-    d = r.take("d")
-    assert d == 5001
-    r.release(5001, "b")  # a second release by its earlier holder (a sweep) leaves d's uid held
-    assert r.holds(5001)
-    r.release("5000", "a")
-    r.skip_foreign(["5000", "junk"])
+    r.release(taken["b"], "b")
+    assert r.take("d") == taken["b"]
+    r.release(taken["b"], "b")  # a second release by its earlier holder (a sweep) leaves d's uid held
+    assert r.holds(taken["b"])
+    r.release(str(taken["a"]), "a")
+    r.skip_foreign([str(taken["a"]), "junk"])
     with pytest.raises(SandboxError):
-        r.take("e")  # 5000 is held by another server's live container
+        r.take("e")  # a's uid is now held by another server's live container
 
 
 def test_every_backend_of_a_server_takes_from_one_range():
