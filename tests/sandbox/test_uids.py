@@ -52,6 +52,27 @@ while len(held_mq) < 200:
 print(len(held_mq), os.strerror(ctypes.get_errno()))
 """
 
+# Grows pipes to 1 MiB until refused (the per-user soft limit of pipe pages, 64 MiB by default), then says what size
+# a new pipe gets and whether it may grow to 64 KiB; the pipes stay open in the REPL.
+PIPES_ALL = """
+import fcntl, os
+held_pipes = []
+while len(held_pipes) < 100:
+    r, w = os.pipe()
+    held_pipes += [r, w]
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
+    except OSError:
+        break
+r, w = os.pipe()
+try:
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 16)
+    grown = True
+except OSError:
+    grown = False
+print(len(held_pipes) // 2, fcntl.fcntl(w, fcntl.F_GETPIPE_SZ), grown)
+"""
+
 
 @pytest.fixture(scope="module", params=[
     pytest.param("runc", marks=pytest.mark.docker, id="runc"),
@@ -100,7 +121,7 @@ async def test_each_live_container_has_its_own_uid_and_owns_its_workdir(pool):
         await b.destroy()
 
 
-async def test_one_session_cannot_take_anothers_inotify_instances_or_mqueue_bytes(pool):
+async def test_one_session_cannot_take_anothers_inotify_instances_mqueue_bytes_or_pipe_pages(pool):
     a, b = await pool.acquire(), await pool.acquire()
     try:
         # Queues first: under gVisor inotify has no per-user cap, and A's loop then ends at its nofile limit.
@@ -109,6 +130,10 @@ async def test_one_session_cannot_take_anothers_inotify_instances_or_mqueue_byte
         queues_b = (await b.execute(MQUEUE_ALL)).stdout.split()
         # B still gets as many queues while A holds all the bytes its uid may have (RLIMIT_MSGQUEUE, 800 KiB).
         assert int(queues_b[0]) >= int(queues[0]), (queues, queues_b)
+
+        # Pipe pages: with A over its uid's soft limit, A's new pipes are cut to 8 KiB; B's still get 64 KiB.
+        pipes_a, pipes_b = (await a.execute(PIPES_ALL)).stdout.split(), (await b.execute(PIPES_ALL)).stdout.split()
+        assert pipes_b[1:] == ["65536", "True"], (pipes_a, pipes_b)
 
         taken = (await a.execute(INOTIFY_ALL)).stdout.split()
         assert int(taken[0]) >= 1, taken
