@@ -88,7 +88,13 @@ class SandboxConfig(BaseModel):
     # defaults do, and refuses settings that would loosen them).
     network_mode: str = "none"
     read_only: bool = True
+    # bwrap: the uid:gid inside the sandbox. Docker: every container's uid:gid, but only where uid_range_size is 0.
     user: str = "1000:1000"
+    # Docker: each live sandbox container runs as a host uid:gid of its own from [uid_range_start,
+    # uid_range_start + uid_range_size), so per-user kernel quotas (inotify, POSIX message queue bytes, pipe
+    # pages, RLIMIT_NPROC) are per session (docker/uids.py). 0: all run as `user`, sharing those quotas.
+    uid_range_start: int = Field(300_000, ge=1, le=2_000_000_000)
+    uid_range_size: int = Field(65_536, ge=0, le=1_000_000)
     cap_drop: list[str] = Field(default_factory=lambda: ["ALL"])
     security_opt: list[str] = Field(default_factory=lambda: ["no-new-privileges"])
     init: bool = True  # docker-init as PID 1: reaps zombies, forwards signals to the REPL

@@ -74,7 +74,10 @@ async def test_hostile_commands_stay_inside_the_sandbox(pool):
         assert ("Read-only file system" in out or "Permission denied" in out) and "rc=1" in out and out.endswith("/")
         out = await _bash(env, "echo hi > /workspace/../usr/y; ls /usr/y")
         assert "Read-only file system" in out or "Permission denied" in out
-        assert await _bash(env, "id -u; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '") == "1000\nlo"
+        uid, net = (await _bash(env, "id -u; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")).split("\n")
+        config = env.sandbox.config  # 1000 under bwrap; under Docker the container's own host uid (docker/uids.py)
+        assert net == "lo" and (int(uid) == 1000 if config.backend == "bwrap" else
+                                config.uid_range_start <= int(uid) < config.uid_range_start + config.uid_range_size)
     finally:
         await env.sandbox.destroy()
         await other.sandbox.destroy()

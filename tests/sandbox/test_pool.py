@@ -16,6 +16,7 @@ import pytest
 from env_server.sandbox import PoolConfig, SandboxConfig, SandboxPool, SandboxUnavailable
 from env_server.sandbox.docker.labels import LABEL_INSTANCE, LABEL_SERVER, LABEL_SESSION
 from env_server.sandbox.docker.socket_channel import remove_instance_dirs
+from env_server.sandbox.docker.uids import LABEL_UID
 from env_server.sandbox.pool import PoolBusy
 from tests.harness import bwrap_sandboxes_of, only_backend
 
@@ -47,7 +48,9 @@ async def test_warm_acquire_is_fast_and_labelled_and_hardened(pool, docker_clien
         assert hc["Runtime"] == pool.sandbox_config.runtime
         assert hc["Memory"] == 512 << 20 and hc["MemorySwap"] == hc["Memory"]
         assert hc["NanoCpus"] == 1_000_000_000
-        assert info["Config"]["User"] == "1000:1000"
+        uid = labels[LABEL_UID]  # its own host uid (docker/uids.py), in the configured range
+        assert info["Config"]["User"] == f"{uid}:{uid}" and int(uid) >= pool.sandbox_config.uid_range_start
+        assert f"uid={uid},gid={uid}" in hc["Tmpfs"]["/workspace"]
         assert info["Config"]["StdinOnce"] is True and info["Config"]["OpenStdin"] is True
         assert "/workspace" in hc["Tmpfs"]
         assert (await sb.execute("1 + 1")).value == "2"

@@ -15,6 +15,7 @@ import uuid
 import docker
 import pytest
 
+from env_server.sandbox import SandboxConfig
 from tests.harness import REPO, bwrap_available, start_server
 from tito.client import FailedPreconditionError, InvalidArgumentError, StepStatus, TitoClient
 from tito.coding_tasks import load_task, load_tasks
@@ -129,7 +130,12 @@ def test_task_images_are_allowed_by_config_only(server, task_images, backend):
         with client.open_session("python", env_args={"image": ROMAN.image}) as s:
             r = s.step(tool_calls=[ToolCall("", "run_python", json.dumps(
                 {"code": "import os\nsorted(os.listdir('/opt/tito-task/repo')), os.getuid()"}))])
-            assert r.tool_messages[0].content == "Out: (['README.md', 'roman', 'tests'], 1000)"
+            listing, _, uid = r.tool_messages[0].content.rpartition(", ")
+            assert listing == "Out: (['README.md', 'roman', 'tests']", r.tool_messages[0].content
+            # The sandbox's user: 1000 under bwrap; under Docker a host uid of the container's own (docker/uids.py).
+            defaults = SandboxConfig()
+            assert (int(uid.rstrip(")")) == 1000 if backend == "bwrap" else
+                    defaults.uid_range_start <= int(uid.rstrip(")")) < defaults.uid_range_start + defaults.uid_range_size)
             missing = ("is not on this server's Docker daemon" if backend == "docker"
                        else r"has no root filesystem on this server \(in /\S+\)")
             with pytest.raises(FailedPreconditionError, match=rf"the task image 'tito-task-no-such:x' {missing}; "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import socket
 import ssl
-from typing import Any
+from typing import Any, Callable
 
 import docker
 import docker.errors
@@ -24,6 +24,8 @@ class ContainerHandle:
     def __init__(self, api: docker.APIClient, container_id: str) -> None:
         self.api = api
         self.id = container_id
+        # Called once the container is gone (the backend gives its host uid back, uids.py).
+        self.on_removed: Callable[[], None] | None = None
 
     @classmethod
     def create(cls, api: docker.APIClient, **kwargs: Any) -> ContainerHandle:
@@ -68,6 +70,9 @@ class ContainerHandle:
         """Force-removes it; False if it was already gone."""
         try:
             self.api.remove_container(self.id, force=True)
+            removed = True
         except docker.errors.NotFound:
-            return False
-        return True
+            removed = False
+        if self.on_removed is not None:
+            self.on_removed()
+        return removed

@@ -26,6 +26,7 @@ from ..runtime import repl_protocol as protocol
 from .container import ContainerHandle
 from .labels import labels
 from .socket_channel import SocketEndpoint
+from .uids import LABEL_UID
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -43,19 +44,28 @@ def container_name(server_name: str, session_id: str) -> str:
 
 
 def container_kwargs(config: SandboxConfig, container_labels: dict[str, str], name: str,
-                     api: docker.APIClient, endpoint: SocketEndpoint | None = None) -> dict[str, Any]:
-    """Arguments of `APIClient.create_container` for one hardened sandbox."""
-    uid, _, gid = config.user.partition(":")
+                     api: docker.APIClient, endpoint: SocketEndpoint | None = None,
+                     user: str | None = None) -> dict[str, Any]:
+    """Arguments of `APIClient.create_container` for one hardened sandbox, running as `user` (its own host
+    uid:gid, uids.py) or else `config.user`."""
+    user = user or config.user
+    uid, _, gid = user.partition(":")
     # Numeric user: the workdir belongs to it (0700). A user name can't be resolved here,
     # so fall back to a sticky world-writable workdir.
     numeric = uid.isdigit() and (gid or uid).isdigit()
     owner = f",mode=0700,uid={uid},gid={gid or uid}" if numeric else ",mode=1777"
+    # gVisor's /dev always holds /dev/fuse and /dev/net/tun, and runsc ignores Docker's masked paths: an empty
+    # read-only tmpfs hides /dev/net, the host's /dev/null (read-only) stands where /dev/fuse was.
+    hide_devices = config.runtime != "runc"
+    binds = {**(endpoint.bind if endpoint else {}),
+             **({"/dev/null": {"bind": "/dev/fuse", "mode": "ro"}} if hide_devices else {})}
     host_config = api.create_host_config(
         network_mode=config.network_mode,
         read_only=config.read_only,
         tmpfs={
             config.workdir: f"{config.tmpfs_options},size={config.workdir_size}{owner}",
             "/tmp": f"{config.tmpfs_options},size={config.tmp_size},mode=1777",
+            **({"/dev/net": "ro,nosuid,nodev,noexec,size=4k,mode=0555"} if hide_devices else {}),
         },
         cap_drop=list(config.cap_drop),
         security_opt=list(config.security_opt),
@@ -70,7 +80,7 @@ def container_kwargs(config: SandboxConfig, container_labels: dict[str, str], na
                  Ulimit(name="nofile", soft=config.nofile_limit, hard=config.nofile_limit)],
         # The protocol flows through stdout: don't have dockerd write it to disk too.
         log_config=LogConfig(type=LogConfig.types.NONE),
-        binds=endpoint.bind if endpoint else None,
+        binds=binds or None,
     )
     return dict(
         image=config.image,
@@ -83,7 +93,7 @@ def container_kwargs(config: SandboxConfig, container_labels: dict[str, str], na
         use_config_proxy=False,  # never inject the host's proxy settings
         working_dir=config.workdir,
         environment={"HOME": config.workdir, **(endpoint.environment if endpoint else {}), **config.environment},
-        user=config.user,
+        user=user,
         hostname="sandbox",
         host_config=host_config,
     )
@@ -93,13 +103,17 @@ class SandboxStart:
     """The state of one start in progress; `run` walks the steps, `abort` undoes them."""
 
     def __init__(self, client: docker.DockerClient, config: SandboxConfig, *, server_name: str,
-                 instance_id: str, session_id: str, executor: concurrent.futures.Executor) -> None:
+                 instance_id: str, session_id: str, executor: concurrent.futures.Executor,
+                 uid: int | None = None) -> None:
         self.client = client
         self.config = config
         self.server_name = server_name
         self.instance_id = instance_id
         self.session_id = session_id
         self.executor = executor
+        # Its own host uid:gid from the backend's range (uids.py), or the config's user for all.
+        self.uid = uid
+        self.user = f"{uid}:{uid}" if uid is not None else config.user
         self.endpoint: SocketEndpoint | None = None
         self.container: ContainerHandle | None = None
         self._boot: concurrent.futures.Future[socket.socket] | None = None
@@ -130,7 +144,7 @@ class SandboxStart:
         if self.config.channel != "socket":
             return
         # Kept before it opens, so a start cancelled meanwhile still removes its folder and socket.
-        self.endpoint = SocketEndpoint(self.config.socket_dir, self.instance_id, self.session_id, self.config.user,
+        self.endpoint = SocketEndpoint(self.config.socket_dir, self.instance_id, self.session_id, self.user,
                                        self.server_name)
         try:
             await asyncio.get_running_loop().run_in_executor(self.executor, self.endpoint.open)
@@ -144,8 +158,9 @@ class SandboxStart:
         """Create, attach, start (blocking). Attach comes before start so no output is missed."""
         api = self.client.api
         kwargs = container_kwargs(
-            self.config, {**self.config.labels, **labels(self.server_name, self.instance_id, self.session_id)},
-            container_name(self.server_name, self.session_id), api, self.endpoint)
+            self.config, {**self.config.labels, **labels(self.server_name, self.instance_id, self.session_id),
+                          **({LABEL_UID: str(self.uid)} if self.uid is not None else {})},
+            container_name(self.server_name, self.session_id), api, self.endpoint, self.user)
         self.container = ContainerHandle.create(api, **kwargs)
         sock = self.container.attach_socket()
         try:
