@@ -165,7 +165,7 @@ def test_an_episode_through_openenv(tito, fingerprint, openenv_url, encode):
 
     # Malformed actions are answered, named, and leave the episode as it was.
     assert "Invalid message" in bad_type["error"] and "VALIDATION_ERROR" in bad_type["error"], bad_type
-    assert "not both" in both["error"] or "VALIDATION_ERROR" in both["error"], both
+    assert "not both" in both["error"] and "EXECUTION_ERROR" in both["error"], both
     assert state["state"]["step_count"] == 1 and state["state"]["session_id"] == obs["session_id"]
 
     assert final["done"] is True and final["reward"] == 1.0, final

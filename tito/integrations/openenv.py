@@ -33,7 +33,7 @@ require("openenv.core.env_server.interfaces", "openenv", "tito.integrations.open
 
 from openenv.core.env_server.interfaces import Environment  # noqa: E402  (after the check above)
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator  # noqa: E402
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt  # noqa: E402
 
 from tito.client import AsyncSession, AsyncTitoClient  # noqa: E402
 from tito.types import StepResult, ToolCall  # noqa: E402
@@ -58,13 +58,8 @@ class TitoAction(Action):
     tool_calls: list[ToolCallIn] = Field(default_factory=list)
     assistant_content: str = ""  # with tool_calls: the turn's text; without either: the final answer
     max_suffix_tokens: NonNegativeInt | None = None  # what is left of the rollout's budget (None: no limit)
-
-    @model_validator(mode="after")
-    def _one_kind(self) -> TitoAction:
-        if self.completion_ids and self.tool_calls:
-            raise ValueError("send completion_ids (the generated ids, stop token included) or tool_calls "
-                             "(parsed by the trainer), not both")
-        return self
+    # "Not both completion_ids and tool_calls" is checked in step_async, not by a validator here: OpenEnv 0.10
+    # cannot serialize a validator's ValueError into its error frame and drops the whole WebSocket session.
 
 
 class TitoObservation(Observation):
@@ -154,6 +149,9 @@ class TitoOpenEnv(Environment[TitoAction, TitoObservation, TitoState]):
             if self._state.done:
                 raise RuntimeError(f"the episode is over (status {self._state.status}): reset to start another")
             raise RuntimeError("no episode is open: reset first")
+        if action.completion_ids and action.tool_calls:
+            raise ValueError("send completion_ids (the generated ids, stop token included) or tool_calls "
+                             "(parsed by the trainer), not both")
         calls = tuple(ToolCall(c.id or f"call_{i}", c.name,
                                c.arguments if isinstance(c.arguments, str) else json.dumps(c.arguments))
                       for i, c in enumerate(action.tool_calls))
