@@ -82,14 +82,18 @@ def test_the_wheel_installs_the_client_alone(fresh_client):
         for m in ("tito.client", "tito.rollout", "tito.types", "tito.integrations", "tito.wire", "tito.conformance"):
             importlib.import_module(m)
         import tito.rollout.vllm as v
-        try:
-            v.on_cpu_platform()
-        except ImportError as e:
-            print(json.dumps(str(e)))
+        said = []
+        for use in (v.on_cpu_platform, lambda: importlib.import_module("tito.integrations.openenv")):
+            try:
+                use()
+            except ImportError as e:
+                said.append(str(e))
+        print(json.dumps(said))
     ''')
     out = subprocess.run([str(fresh_client), "-c", probe], check=True, capture_output=True, text=True,
                          timeout=120, cwd="/").stdout
-    assert "pip install 'tito[vllm]'" in json.loads(out)
+    vllm, openenv = json.loads(out)
+    assert "pip install 'tito[vllm]'" in vllm and "pip install 'tito[openenv]'" in openenv
 
 
 @pytest.mark.bwrap
