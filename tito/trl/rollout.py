@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tito.client import AsyncSession, TitoClient
+from tito.extras import require
 from tito.fingerprint import compute_fingerprint
 from tito.rollout import turns
 from tito.rollout.generation import GenRequest
@@ -113,6 +114,7 @@ class TitoRollout:
                  max_turns: int = 4, max_tokens_per_turn: int = 256, max_completion_tokens: int | None = None,
                  suffix_reserve: int = 16, truncated_reward: float | None = 0.0,
                  chat_template_kwargs: Mapping[str, Any] | None = None, ready_timeout_s: float = 120.0) -> None:
+        require("trl", "trl", "tito.trl.TitoRollout")  # generation goes through TRL's trainer (and torch)
         self.environment = environment
         self.limits = turns.TurnLimits(per_turn_cap=max_tokens_per_turn, reserve=suffix_reserve, max_turns=max_turns)
         self.max_completion_tokens = max_completion_tokens

@@ -121,7 +121,7 @@ class OpenSessionRequest(_message.Message):
     env_args: str
     client_request_id: str
     parsing_strict: bool
-    def __init__(self, environment: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., env_args: _Optional[str] = ..., client_request_id: _Optional[str] = ..., parsing_strict: _Optional[bool] = ...) -> None: ...
+    def __init__(self, environment: _Optional[str] = ..., tokenizer_fingerprint: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., env_args: _Optional[str] = ..., client_request_id: _Optional[str] = ..., parsing_strict: bool = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("session_id", "prompt_ids", "tools", "idle_ttl_s", "hard_ttl_s")
@@ -189,7 +189,7 @@ class StepResponse(_message.Message):
     tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
     detail: str
     seq: int
-    def __init__(self, tool_messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., suffix_ids: _Optional[_Iterable[int]] = ..., done: _Optional[bool] = ..., reward: _Optional[float] = ..., truncated: _Optional[bool] = ..., status: _Optional[_Union[StepStatus, str]] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., detail: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+    def __init__(self, tool_messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., suffix_ids: _Optional[_Iterable[int]] = ..., done: bool = ..., reward: _Optional[float] = ..., truncated: bool = ..., status: _Optional[_Union[StepStatus, str]] = ..., timing: _Optional[_Union[StepTiming, _Mapping]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., detail: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -201,4 +201,4 @@ class CloseSessionResponse(_message.Message):
     __slots__ = ("closed",)
     CLOSED_FIELD_NUMBER: _ClassVar[int]
     closed: bool
-    def __init__(self, closed: _Optional[bool] = ...) -> None: ...
+    def __init__(self, closed: bool = ...) -> None: ...

@@ -5,7 +5,7 @@ import warnings
 
 from tito.v1 import environment_pb2 as tito_dot_v1_dot_environment__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.74.0'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in tito/v1/environment_pb2_grpc.py depends on'
+        + f' but the generated code in tito/v1/environment_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class EnvironmentStub:
+class EnvironmentStub(object):
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -61,7 +61,7 @@ class EnvironmentStub:
                 _registered_method=True)
 
 
-class EnvironmentServicer:
+class EnvironmentServicer(object):
     """Missing associated documentation comment in .proto file."""
 
     def ListEnvironments(self, request, context):
@@ -139,7 +139,7 @@ def add_EnvironmentServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class Environment:
+class Environment(object):
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
