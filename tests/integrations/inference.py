@@ -219,7 +219,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def inference_server(model_dir: Path, log_dir: Path, *, max_model_len: int = 2048,
-                     timeout_s: float = 240.0) -> Iterator[InferenceServer]:
+                     timeout_s: float = 600.0) -> Iterator[InferenceServer]:
     """vLLM's OpenAI server (the CPU build in .venv) on a free loopback port, float32, eager, its CPU settings
     (tito.rollout.vllm.cpu_engine_kwargs) and the processed (after temperature) logprobs; stopped on exit."""
     from tito.rollout.vllm import cpu_engine_kwargs

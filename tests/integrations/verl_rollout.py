@@ -118,12 +118,15 @@ async def main(spec: dict, out_path: Path) -> None:
         "  environment: python\n")
     client = VllmServerClient(spec["vllm_url"], spec["vllm_model"])
     result = {"transformers": transformers.__version__, "verl": verl.__version__, "batches": {}}
+    workers: dict[tuple, AgentLoopWorker] = {}
     for b in spec["batches"]:
         start = len(client.calls)
         try:
-            # A worker per batch: its rollout config (prompt and response lengths) may differ.
-            worker = AgentLoopWorker(config(spec, b, agent_yaml), llm_client=client)
-            out = await worker.generate_sequences(batch_of(b["rows"]))
+            # A worker per rollout config (a batch may set its own prompt and response lengths).
+            key = (b.get("prompt_length"), b.get("response_length"))
+            if key not in workers:
+                workers[key] = AgentLoopWorker(config(spec, b, agent_yaml), llm_client=client)
+            out = await workers[key].generate_sequences(batch_of(b["rows"]))
             entry = {"rows": rows_of(out)}
         except Exception as e:
             entry = {"error": f"{type(e).__name__}: {e}", "error_type": type(e).__name__,

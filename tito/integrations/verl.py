@@ -86,7 +86,7 @@ def _connection(address: str, token: str | None) -> _Connection:
 
 
 def _row_settings(extra_info: Any) -> dict[str, Any]:
-    """A row's `extra_info.tito` ({environment, env_args, tokenizer}); env_args may be JSON text (parquet
+    """A row's `extra_info.tito` ({environment, env_args, tokenizer_path}); env_args may be JSON text (parquet
     columns of dicts with differing keys are awkward)."""
     tito = dict((extra_info or {}).get("tito") or {})
     env_args = tito.get("env_args")
@@ -112,7 +112,7 @@ class TitoAgentLoop(AgentLoopBase):
     """A verl agent loop whose environment is a tito server (see the module docstring for the yaml)."""
 
     def __init__(self, *args: Any, address: str | None = None, environment: str | None = None,
-                 env_args: Mapping[str, Any] | None = None, tokenizer: str | None = None,
+                 env_args: Mapping[str, Any] | None = None, tokenizer_path: str | None = None,
                  chat_template_kwargs: Mapping[str, Any] | None = None, token: str | None = None,
                  max_turns: int | None = None, max_tokens_per_turn: int | None = None, reserve_tokens: int = 0,
                  truncated_reward: float | None = 0.0,
@@ -121,7 +121,9 @@ class TitoAgentLoop(AgentLoopBase):
         self.address = address or os.environ.get("TITO_ADDRESS") or "127.0.0.1:50051"
         self.environment = environment
         self.env_args = dict(env_args or {})
-        self.tokenizer_source = tokenizer  # a folder; default: verl's own tokenizer (the policy's)
+        # A tokenizer folder to register; default: verl's own tokenizer (the policy's). Not `tokenizer`: verl
+        # passes its tokenizer object under that name.
+        self.tokenizer_source = tokenizer_path
         self.chat_template_kwargs = dict(chat_template_kwargs or self.apply_chat_template_kwargs or {})
         self.token = token or os.environ.get("TITO_TOKEN")
         multi_turn = self.rollout_config.get("multi_turn", {}) or {}
@@ -145,7 +147,7 @@ class TitoAgentLoop(AgentLoopBase):
                              "extra_info.tito.environment in the row")
         messages = _messages(kwargs.get("raw_prompt"))
         connection = _connection(self.address, self.token)
-        registration = await self._registration(connection, row.get("tokenizer") or self.tokenizer_source)
+        registration = await self._registration(connection, row.get("tokenizer_path") or self.tokenizer_source)
         # The rollout's budget is the prompt plus rollout.response_length: generated and suffix ids share it.
         limits = TurnLimits(per_turn_cap=self.max_tokens_per_turn or self.response_length, reserve=self.reserve_tokens, max_turns=self.max_turns)
         session = None
