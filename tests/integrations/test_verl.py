@@ -22,7 +22,7 @@ from tests.integrations.conftest import framework_python
 from tests.integrations.inference import (CODE, EXPECTED_ANSWER, FINAL, IM_END, MESSAGES, TEMPERATURE,
                                           TOOL_OUTPUT, inference_server, tool_model_dir)
 
-pytestmark = [pytest.mark.framework, pytest.mark.vllm, pytest.mark.bwrap, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.framework, pytest.mark.vllm, pytest.mark.bwrap, pytest.mark.timeout(900)]
 
 PROMPT_LENGTH = 512
 RESPONSE_LENGTH = 160

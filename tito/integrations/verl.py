@@ -149,7 +149,8 @@ class TitoAgentLoop(AgentLoopBase):
         connection = _connection(self.address, self.token)
         registration = await self._registration(connection, row.get("tokenizer_path") or self.tokenizer_source)
         # The rollout's budget is the prompt plus rollout.response_length: generated and suffix ids share it.
-        limits = TurnLimits(per_turn_cap=self.max_tokens_per_turn or self.response_length, reserve=self.reserve_tokens, max_turns=self.max_turns)
+        limits = TurnLimits(per_turn_cap=self.max_tokens_per_turn or self.response_length,
+                            reserve=self.reserve_tokens, max_turns=self.max_turns)
         session = None
         rollout: Rollout | None = None
         try:
@@ -171,7 +172,8 @@ class TitoAgentLoop(AgentLoopBase):
         except Exception as e:  # OpenSession failed, or a bug in this loop: aborted, never trained on
             rollout = rollout or Rollout(budget=1)
             cause = AbortCause.ENV_CALL_FAILED if session is None else AbortCause.INTERNAL_ERROR
-            log.exception("tito: rollout aborted") if cause is AbortCause.INTERNAL_ERROR else None
+            if cause is AbortCause.INTERNAL_ERROR:
+                log.exception("tito: rollout aborted by an error in the agent loop")
             rollout.abort(cause, f"{type(e).__name__}: {e}")
         finally:
             if session is not None:
