@@ -289,6 +289,46 @@ async def test_every_syscall_finding_is_refused_inside_a_sandbox(seccomp_pool):
     assert found["Seccomp"] == "2", found  # filter mode
 
 
+# Calls whose refusal the kernel would never answer with EPERM itself: ioctl on no file (EBADF when allowed) and
+# socket's families, types and protocols (allowed ones succeed or fail with EAFNOSUPPORT, EPROTONOSUPPORT, ...).
+MATRIX = r'''
+import ctypes, errno, os, platform
+SOCKET = {"x86_64": 41, "aarch64": 198}[platform.machine()]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def sc(nr, *args):
+    r = libc.syscall(ctypes.c_long(nr), *(ctypes.c_ulong(a) for a in args))
+    if r >= 0:
+        os.close(r) if nr == SOCKET else None
+        return "ok"
+    return errno.errorcode[ctypes.get_errno()]
+[[sc(16 if platform.machine() == "x86_64" else 29, 2**32 - 1, r) for r in REQUESTS],
+ [sc(SOCKET, *a) for a in SOCKETS]]
+'''
+
+
+async def test_the_compiled_filter_decides_as_the_list_does(seccomp_pool):
+    if seccomp_pool.sandbox_config.runtime == "runsc" and not _runsc_applies_profiles():
+        pytest.skip("runsc applies the sandbox's profile only with --oci-seccomp (scripts/setup.sh sets it)")
+    rng = random.Random(7)
+    requests = [0x5412, 0x541C, 0x5412 | 1 << 32, 0x541C | 1 << 63, 0x5413, 0x5411, 0x5401, 0x541D]
+    requests += [0x5412 ^ 1 << b for b in range(32)] + [rng.getrandbits(64) for _ in range(200)]
+    sockets = [(f, t, p) for f in range(48) for t in (1, 2, 3, 5) for p in (0, 1, 17, 58)]
+    sockets += [(40 | 1 << 40, 1, 0), (2 | 1 << 40, 1 | 0x80000, 0), (2, 2 | 0x800, 1 | 1 << 32), (10, 2 | 1 << 33, 17)]
+    sb = await seccomp_pool.acquire()
+    try:
+        r = await sb.execute(f"REQUESTS = {requests!r}\nSOCKETS = {sockets!r}\n" + MATRIX, timeout_s=30)
+    finally:
+        await sb.destroy()
+    assert r.ok, r
+    ioctls, socks = ast.literal_eval(r.value)
+    for request, got in zip(requests, ioctls):
+        assert (got == "EPERM") == (syscalls.decide("ioctl", 2**32 - 1, request) == errno.EPERM), (hex(request), got)
+    for args, got in zip(sockets, socks):
+        assert (got == "EPERM") == (syscalls.decide("socket", *args) == errno.EPERM), (args, got)
+    assert ioctls.count("EPERM") == 4 and "EPERM" in socks and "ok" in socks  # TIOCSTI, TIOCLINUX, high bits
+
+
 async def test_a_container_gets_tito_s_profile_not_the_daemon_s_default(seccomp_pool):
     if seccomp_pool.sandbox_config.backend != "docker":
         pytest.skip("a Docker container's profile (bwrap's filter is checked by the findings above)")
