@@ -181,7 +181,7 @@ PROBE = r'''
 import ctypes, errno, fcntl, os, platform, pty
 NR = {"x86_64": {"socket": 41, "set_mempolicy": 238},
       "aarch64": {"socket": 198, "set_mempolicy": 237}}[platform.machine()]
-NR.update(io_uring_setup=425, pidfd_open=434, pidfd_getfd=438, process_madvise=440)
+NR.update(io_uring_setup=425, pidfd_open=434, pidfd_getfd=438, process_madvise=440, newer=1000)
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 def sc(name, *args):
@@ -218,6 +218,8 @@ found = {
     "TIOCSTI": tiocsti(0x5412),
     "TIOCSTI 1<<32": tiocsti(0x5412 | 1 << 32),
 }
+# A call newer than the list (1000: none yet) answers ENOSYS, so libc falls back as on an older kernel.
+found["call 1000"] = sc("newer")
 status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
 found["Seccomp"] = status.get("Seccomp", "-").strip()
 found
@@ -287,6 +289,7 @@ async def test_every_syscall_finding_is_refused_inside_a_sandbox(seccomp_pool):
     # runc and bwrap: refused by the filter itself (EPERM, the list's answer), not by chance elsewhere.
     assert {name: found[name] for name in FINDINGS} == {name: "EPERM" for name in FINDINGS}, found
     assert found["Seccomp"] == "2", found  # filter mode
+    assert found["call 1000"] == "ENOSYS", found
 
 
 # Calls whose refusal the kernel would never answer with EPERM itself: ioctl on no file (EBADF when allowed) and
