@@ -254,7 +254,8 @@ start_dockerd() {
 
 # gVisor: Debian's runsc package, registered with dockerd as runtime "runsc". --network=none: runsc
 # refuses to start in the root network namespace otherwise (sandboxes have no network anyway);
-# --host-uds=open: a sandbox may connect to its bind-mounted unix socket (tito's fast channel).
+# --host-uds=open: a sandbox may connect to its bind-mounted unix socket (tito's fast channel);
+# --oci-seccomp: gVisor applies each sandbox's seccomp profile (env_server/sandbox/seccomp) in its own kernel.
 setup_runsc() {
     step "gVisor runtime (runsc)"
     command -v runsc >/dev/null 2>&1 || apt_install runsc
@@ -263,7 +264,7 @@ setup_runsc() {
 import json, os, sys
 path = sys.argv[1]
 config = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
-want = {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--host-uds=open"]}
+want = {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--host-uds=open", "--oci-seccomp"]}
 if config.get("runtimes", {}).get("runsc") != want:
     config.setdefault("runtimes", {})["runsc"] = want
     os.makedirs(os.path.dirname(path), exist_ok=True)

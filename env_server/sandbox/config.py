@@ -59,7 +59,7 @@ class BwrapConfig(BaseModel):
     # (a v2 path under /sys/fs/cgroup, or a v1 path in each controller's hierarchy); None: found by itself.
     cgroups: Literal["auto", "off"] = "auto"
     cgroup_parent: str | None = None
-    seccomp: bool = True  # the system-call filter (bwrap/seccomp_filter.py); off only to debug
+    seccomp: bool = True  # the system-call filter (sandbox/seccomp); off only to debug
     shm_size: str = "16m"  # /dev/shm, a tmpfs like /tmp
 
     @field_validator("shm_size")

@@ -4,8 +4,8 @@ No daemon and no root: the server starts `bwrap` itself (command.py) with one en
 stdin and stdout, which is the channel (calls and the dead-man switch at once: the REPL exits at its EOF), and
 everything of the sandbox dies with its session and with the server (--die-with-parent, the pid namespace, and
 the cgroup where there is one). Limits: cgroups where the server may write them (cgroups.py), rlimits set by the
-REPL on itself (and for memory, where no cgroup holds it), the seccomp filter (seccomp_filter.py). Root
-filesystems: rootfs.py.
+REPL on itself (and for memory, where no cgroup holds it), the seccomp filter (sandbox/seccomp: the allow-list
+both backends share). Root filesystems: rootfs.py.
 
     outer bwrap (host pid, the server's child; as a host uid of the sandbox's own under a root server, uids.py)
      └─ python3 -I /opt/tito/repl_server.py as pid 1 of the sandbox: the REPL's init (runtime/repl_init.py:
@@ -85,10 +85,10 @@ class BwrapBackend(SandboxBackend):
                                              "sandboxes as sandbox.bwrap.host_user; install util-linux")
             self._bwrap = found
         if b.seccomp and self._seccomp is None:
-            from . import seccomp_filter
+            from ..seccomp import bpf
 
             try:
-                self._seccomp = seccomp_filter.compile_program()
+                self._seccomp = bpf.compile_program()
             except Exception as exc:  # noqa: BLE001 - libseccomp missing or refusing: said, with what to do
                 raise BackendUnavailable(
                     f"cannot compile the sandboxes' seccomp filter ({type(exc).__name__}: {exc}); install libseccomp "
@@ -193,9 +193,11 @@ class BwrapBackend(SandboxBackend):
         seccomp_r = None
         try:
             if self._seccomp is not None and config.bwrap.seccomp:
-                seccomp_r, seccomp_w = os.pipe()
-                with os.fdopen(seccomp_w, "wb") as w:  # a few hundred bytes: fits the pipe's buffer
-                    w.write(self._seccomp)
+                # A memfd, not a pipe: the program (~4 KiB) may not fit a pipe of a user whose pipe pages are
+                # spent, and bwrap reads it only after it starts.
+                seccomp_r = os.memfd_create("tito-seccomp", os.MFD_CLOEXEC)
+                os.write(seccomp_r, self._seccomp)
+                os.lseek(seccomp_r, 0, os.SEEK_SET)
             argv = command.starter_argv(self._argv(config, image, environment, seccomp_r),
                                         procs_files=cgroup.procs_files if cgroup else (),
                                         setpriv=self._setpriv, host_user=uid.user if uid else self.host_user)

@@ -23,6 +23,7 @@ from docker.types import LogConfig, Ulimit
 from ..channel import ReplChannel
 from ..config import SandboxConfig
 from ..runtime import repl_protocol as protocol
+from ..seccomp import docker_profile as seccomp_profile
 from .container import ContainerHandle
 from .labels import labels
 from .socket_channel import SocketEndpoint
@@ -68,7 +69,8 @@ def container_kwargs(config: SandboxConfig, container_labels: dict[str, str], na
             **({"/dev/net": "ro,nosuid,nodev,noexec,size=4k,mode=0555"} if hide_devices else {}),
         },
         cap_drop=list(config.cap_drop),
-        security_opt=list(config.security_opt),
+        # The sandboxes' own seccomp profile, not the daemon's version's default (sandbox/seccomp).
+        security_opt=seccomp_profile.security_opt(config.security_opt),
         pids_limit=config.host_pids_limit,
         mem_limit=config.mem_limit,
         memswap_limit=config.effective_memswap_limit,
