@@ -82,7 +82,7 @@ DOCKER_NOT_NAMED = {"add_key", "keyctl", "request_key", "userfaultfd", "move_pag
 
 # Where tito's list is stricter than Docker's, on purpose (docs/security.md says why).
 STRICTER_ALWAYS = {"ptrace", "process_vm_readv", "process_vm_writev"}
-STRICTER_BY_ARGUMENT = {"ioctl"}  # TIOCSTI and TIOCLINUX
+STRICTER_BY_ARGUMENT = {"ioctl", "mknod", "mknodat"}  # TIOCSTI and TIOCLINUX; device nodes (gVisor does not check CAP_MKNOD)
 
 
 def _native(names: set[str]) -> set[str]:
@@ -141,6 +141,21 @@ def test_ioctl_refuses_exactly_the_terminal_injection_requests():
     for request in samples:
         assert syscalls.decide("ioctl", 0, request) is None, hex(request)
     assert len([r for r in syscalls.RULES if r.name == "ioctl"]) < 40  # the filter stays small
+
+
+def test_mknod_makes_files_fifos_and_sockets_never_devices():
+    for mode in (0o644, 0o100644, 0o010644, 0o140644):
+        assert syscalls.decide("mknod", 0, mode) is None and syscalls.decide("mknodat", 0, 0, mode) is None, oct(mode)
+    for mode in (0o020666, 0o060666, 0o020666 | 1 << 32):  # S_IFCHR, S_IFBLK, and high bits the kernel ignores
+        assert syscalls.decide("mknod", 0, mode) == errno.EPERM, oct(mode)
+        assert syscalls.decide("mknodat", 0, 0, mode) == errno.EPERM, oct(mode)
+
+
+def test_the_gvisor_profile_lets_clone3_answer_enosys_itself():
+    runc, runsc = docker_profile.profile(runtime="runc"), docker_profile.profile(runtime="runsc")
+    assert {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS} in runc["syscalls"]
+    assert "clone3" in runsc["syscalls"][0]["names"] and "clone3" not in runc["syscalls"][0]["names"]
+    assert [e for e in runsc["syscalls"] if e["action"] != "SCMP_ACT_ALLOW"] == []
 
 
 def test_ping_sockets_are_refused_and_ordinary_ones_are_not():
@@ -349,7 +364,7 @@ async def test_a_container_gets_tito_s_profile_not_the_daemon_s_default(seccomp_
     finally:
         await sb.destroy()
     profiles = [o.split("=", 1)[1] for o in opts if o.startswith("seccomp=")]
-    assert len(profiles) == 1 and json.loads(profiles[0]) == docker_profile.profile(), opts
+    assert len(profiles) == 1 and json.loads(profiles[0]) == docker_profile.profile(runtime=sb.config.runtime), opts
     assert "no-new-privileges" in opts
     rc, err, seccomp_lines = ast.literal_eval(r.value)
     if sb.config.runtime == "runc":

@@ -70,7 +70,7 @@ def container_kwargs(config: SandboxConfig, container_labels: dict[str, str], na
         },
         cap_drop=list(config.cap_drop),
         # The sandboxes' own seccomp profile, not the daemon's version's default (sandbox/seccomp).
-        security_opt=seccomp_profile.security_opt(config.security_opt),
+        security_opt=seccomp_profile.security_opt(config.security_opt, config.runtime),
         pids_limit=config.host_pids_limit,
         mem_limit=config.mem_limit,
         memswap_limit=config.effective_memswap_limit,

@@ -86,8 +86,6 @@ FILES = (
     "utimensat", "futimesat", "getxattr", "lgetxattr", "fgetxattr", "setxattr", "lsetxattr", "fsetxattr",
     "listxattr", "llistxattr", "flistxattr", "removexattr", "lremovexattr", "fremovexattr",
     "name_to_handle_at", "cachestat", "pipe", "pipe2",
-    # mknod: fifos and sockets only (a device node needs CAP_MKNOD, which a sandbox lacks).
-    "mknod", "mknodat",
     # Change notification on what the sandbox can already read (fanotify_init needs CAP_SYS_ADMIN).
     "inotify_init", "inotify_init1", "inotify_add_watch", "inotify_rm_watch", "fanotify_mark",
     # Linux AIO (io_setup & co.) is the old, self-contained interface; io_uring is not here.
@@ -159,6 +157,11 @@ PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 # ioctls that push input into a terminal (TIOCSTI: whoever reads the terminal next runs it) or drive the console.
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 REFUSED_IOCTLS = (TIOCSTI, TIOCLINUX)
+# mknod's file types: regular files (0 or S_IFREG), fifos and sockets; never a character or block device. A device
+# node needs CAP_MKNOD, but gVisor (Debian's runsc 20221219) does not check it and its tmpfs ignores nodev: a
+# sandbox there made a working /dev/fuse in /tmp. The type sits in the mode argument's S_IFMT bits.
+S_IFMT, S_IFREG, S_IFIFO, S_IFSOCK = 0o170000, 0o100000, 0o010000, 0o140000
+MKNOD_TYPES = (0, S_IFREG, S_IFIFO, S_IFSOCK)
 
 
 def _socket_rules() -> list[Rule]:
@@ -175,6 +178,9 @@ def _socket_rules() -> list[Rule]:
 
 ARGUMENT_RULES: tuple[Rule, ...] = (
     *_socket_rules(),
+    # mknod(path, mode, dev) and mknodat(dirfd, path, mode, dev): the mode's file type, not a device.
+    *(Rule("mknod", (Masked(1, S_IFMT, t),)) for t in MKNOD_TYPES),
+    *(Rule("mknodat", (Masked(2, S_IFMT, t),)) for t in MKNOD_TYPES),
     # clone without namespace flags (unshare and setns are not allowed at all).
     Rule("clone", (Masked(0, CLONE_NAMESPACES, 0),)),
     *(Rule("personality", (equals(0, p),)) for p in PERSONALITIES),
