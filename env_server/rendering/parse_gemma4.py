@@ -12,7 +12,7 @@ import re
 
 from transformers.utils.chat_parsing.content_parsers import _json as dialect_json
 
-from .parsing import Parsed, RawCall, WireFormat, read_blocks, short
+from .calls import Parsed, RawCall, WireFormat, read_blocks, short
 from .values import ToolIndex, arguments_json, retype
 
 _G_OPEN, _G_CLOSE, _G_QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'

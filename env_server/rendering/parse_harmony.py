@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from .parse_json import arguments_text
-from .parsing import _DECODER, _WS, Parsed, RawCall, WireFormat, short
+from .calls import _DECODER, _WS, Parsed, RawCall, WireFormat, short
 from .values import ToolIndex
 
 _HEADER = re.compile(

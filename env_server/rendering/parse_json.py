@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .parsing import _DECODER, _WS, Parsed, RawCall, WireFormat, json_object_spans, outside, short
+from .calls import _DECODER, _WS, Parsed, RawCall, WireFormat, json_object_spans, outside, short
 from .values import ToolIndex, arguments_json, retype
 
 _SEPARATORS = re.compile(r"[ \t\n\r]*[,;]?[ \t\n\r]*")
@@ -355,6 +355,10 @@ JSON_FAMILIES = (
               bare=_CALL_OBJECT, arg_keys=("parameters", "arguments")),
 )
 
+# Mistral v11+: NAME, an optional [CALL_ID]ID, then [ARGS] — or the arguments' '{' at once where the text was
+# decoded without control tokens ([ARGS] is one), as vLLM's parser tests write it: [TOOL_CALLS]add{"a": 3.5}.
+_MISTRAL_HEAD = re.compile(r"\s*(?P<name>[^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*(?P<id>[^\s\[\]{}]+)\s*)?"
+                           r"(?:\[ARGS\]|(?=\{))")
 _DS_BEGIN, _DS_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 _DS_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
 
@@ -373,9 +377,23 @@ NAMED_FAMILIES = (
         close="<|tool_call_end|>", section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")),
     NamedCalls(
         "mistral", "mistral", "[TOOL_CALLS]",
-        re.compile(r"\s*(?P<name>[^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*(?P<id>[^\s\[\]]+)\s*)?\[ARGS\]"),
-        "[TOOL_CALLS]<tool name>[ARGS]{...}", chained=True),
+        _MISTRAL_HEAD, "[TOOL_CALLS]<tool name>[ARGS]{...}", chained=True),
 )
+_MISTRAL_V11 = NAMED_FAMILIES[-1]
+_MISTRAL_V3 = next(f for f in JSON_FAMILIES if f.name == "mistral_v3")
+
+
+def parse_mistral_v3(text: str, tools: ToolIndex | None = None, strict: bool = False) -> Parsed:
+    """Mistral's JSON list after ``[TOOL_CALLS]`` (v3 tokenizers), or, where the first call's marker is followed by
+    a name rather than JSON, the v11 shape ``[TOOL_CALLS]NAME[ARGS]{...}`` that Magistral, Devstral and Mistral
+    Small 3.2 write with templates of the same family (vLLM's mistral parser tells the two apart by the tokenizer's
+    version; here the first character after the marker does: '[' or '{' opens JSON, a tool name cannot)."""
+    at = text.find("[TOOL_CALLS]")
+    if at >= 0:
+        first = _WS.match(text, at + len("[TOOL_CALLS]")).end()
+        if first < len(text) and text[first] not in "[{":
+            return parse_named_calls(_MISTRAL_V11, text, tools, strict)
+    return parse_json_calls(_MISTRAL_V3, text, tools, strict)
 
 
 def _json_format(fmt: JsonCalls) -> WireFormat:
@@ -390,5 +408,6 @@ def _named_format(fmt: NamedCalls) -> WireFormat:
 
 FORMATS = (
     *(_named_format(f) for f in NAMED_FAMILIES),
-    *(_json_format(f) for f in JSON_FAMILIES),
+    *(_json_format(f) if f is not _MISTRAL_V3 else
+      WireFormat(f.name, parse_mistral_v3, f.example, f.family) for f in JSON_FAMILIES),
 )

@@ -31,7 +31,7 @@ import re
 import tokenize
 from dataclasses import dataclass
 
-from .parsing import Parsed, RawCall, WireFormat, outside, short
+from .calls import Parsed, RawCall, WireFormat, outside, short
 from .values import ToolIndex, arguments_json, retype
 
 _JSON_NAMES = {"true": True, "false": False, "null": None}

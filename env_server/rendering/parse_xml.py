@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .parsing import Parsed, RawCall, WireFormat, outside, short
+from .calls import Parsed, RawCall, WireFormat, outside, short
 from .values import ToolIndex, allows_more, arguments_json, typed_value
 
 _WS = re.compile(r"\s*")

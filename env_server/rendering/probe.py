@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from .errors import UnsupportedTemplateError
 from .families import FamilyRules, MessageStyle
 from .messages import assistant, synthetic_head, synthetic_tools, tool
-from .parsing import formats, split_reasoning
+from .calls import split_reasoning
+from .parsing import formats
 from .template import ChatTemplate, lcp
 from .values import tool_index
 
