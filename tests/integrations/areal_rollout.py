@@ -54,8 +54,10 @@ def main() -> None:
 
     from tito.integrations.areal import TitoWorkflow
 
+    # check_trajectory_format: AReaL validates every row the workflow returns (keys, shapes, dtypes).
     engine = RemotevLLMEngine(InferenceEngineConfig(backend="vllm:d1", max_concurrent_rollouts=8,
-                                                    request_timeout=120, request_retries=1))
+                                                    request_timeout=600, request_retries=3,
+                                                    check_trajectory_format=True))
     engine.initialize(addr=spec["vllm"])
     calls = record_calls()
     gconfig = GenerationHyperparameters(max_new_tokens=64, max_tokens=spec["max_tokens"],

@@ -20,7 +20,7 @@ from tests.harness import REPO, free_port, start_server
 from tests.integrations import inference
 from tests.integrations.conftest import framework_python
 
-pytestmark = [pytest.mark.framework, pytest.mark.vllm, pytest.mark.bwrap, pytest.mark.slow]
+pytestmark = [pytest.mark.framework, pytest.mark.vllm, pytest.mark.bwrap, pytest.mark.slow, pytest.mark.timeout(900)]
 
 MAX_TOKENS = 512
 MAX_NEW = 64  # areal_rollout.py's gconfig.max_new_tokens
@@ -89,7 +89,7 @@ def test_areal_rollout_batch_through_tito(areal_python, model_dir, engine, tito_
             "max_tokens": MAX_TOKENS, "prompt_len": len(prompt_ids),
             "temperature": inference.TEMPERATURE}
     proc = subprocess.run([str(areal_python), str(REPO / "tests" / "integrations" / "areal_rollout.py"),
-                           json.dumps(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=420,
+                           json.dumps(spec)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
                                "HOME": str(tmp_path)})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("AREAL-RESULT ")]
