@@ -55,7 +55,9 @@ def main() -> None:
     from tito.integrations.areal import TitoWorkflow
 
     # check_trajectory_format: AReaL validates every row the workflow returns (keys, shapes, dtypes).
-    engine = RemotevLLMEngine(InferenceEngineConfig(backend="vllm:d1", max_concurrent_rollouts=8,
+    # consumer_batch_size: AReaL admits (max_head_offpolicyness + version + 1) x consumer_batch_size rollouts per
+    # weight version; with no training step here, every rollout of the script must fit in version 0.
+    engine = RemotevLLMEngine(InferenceEngineConfig(backend="vllm:d1", max_concurrent_rollouts=8, consumer_batch_size=16,
                                                     request_timeout=600, request_retries=3,
                                                     check_trajectory_format=True))
     engine.initialize(addr=spec["vllm"])
@@ -71,10 +73,12 @@ def main() -> None:
         # Two prompts, a group of two each: the long one's episodes are rejected (None), so one group comes back.
         out["batch"] = rows_of(engine.rollout_batch([good, too_long], workflow=workflow, group_size=2))
         out["batches"] = 1 if out["batch"] else 0
+        print(f"AREAL-STAGE batch: {len(out['batch'])} episodes", flush=True)
         # A budget that ends inside the first turn: the turn is cut by length, the episode kept as truncated.
         tight = TitoWorkflow(spec["tito"], spec["model_dir"], gconfig.new(max_tokens=spec["prompt_len"] + 4),
                              environment="python")
         out["tight"] = rows_of(engine.rollout_batch([good], workflow=tight, group_size=1))
+        print(f"AREAL-STAGE tight: {len(out['tight'])} episodes", flush=True)
         # The env server is gone (nothing listens there): every episode is aborted, AReaL gets None and drops it.
         dead = TitoWorkflow(spec["dead_tito"], spec["model_dir"], gconfig, environment="python",
                             client_kwargs={"retries": 0, "deadline_s": 10})
