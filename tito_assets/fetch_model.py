@@ -117,6 +117,11 @@ def convert(gguf_file: Path, out: Path) -> dict:
     packed = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
     config = packed.config
     config.architectures = [type(packed).__name__]
+    # The plain model is no longer GGUF-quantized: a config that says so makes vLLM refuse it ("Unknown
+    # quantization method: gguf") and transformers look for the GGUF file again.
+    for key in ("quantization_config", "_model_name_or_path"):
+        if hasattr(config, key):
+            delattr(config, key)
     # A plain model of the same config takes the weights; bf16 is what the 4-bit values need (no loss).
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(packed.state_dict(), strict=True)

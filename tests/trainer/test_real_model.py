@@ -39,6 +39,8 @@ def test_gguf_fetch_converts_and_checks_the_real_model(small_model):
     marker = json.loads((model_dir(SMALL) / "tito-model.json").read_text())
     assert marker["gguf_sha256"] == model_sources()[SMALL].sha256 and marker["check_reply"]
     assert resolve_model(SMALL) == small_model
+    # A plain model now: a config still naming the GGUF quantization makes vLLM refuse the folder.
+    assert "quantization_config" not in json.loads((model_dir(SMALL) / "config.json").read_text())
     tok = AutoTokenizer.from_pretrained(small_model)
     assert tok.chat_template and tok.convert_tokens_to_ids("<|im_end|>") == 2
     model = AutoModelForCausalLM.from_pretrained(small_model, dtype=torch.bfloat16)
