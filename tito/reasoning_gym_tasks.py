@@ -22,7 +22,8 @@ from typing import Any, Literal
 Split = Literal["train", "test"]
 MAX_INDEX = 1_000_000  # problems per split and seed
 SPLIT_OFFSET = {"train": 0, "test": 500_000_000}  # seed blocks of the splits, far beyond any index
-ANSWER_INSTRUCTION = "Give your final answer inside <answer></answer> tags, e.g. <answer>42</answer>."
+# No example value: small models copy it ("<answer>42</answer>" for every problem, seen with Qwen2.5-Coder-0.5B).
+ANSWER_INSTRUCTION = "End your reply with the final answer inside <answer> and </answer> tags."
 TOOL_INSTRUCTION = "You can run Python code with the run_python tool to compute intermediate results."
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)

@@ -6,7 +6,7 @@
 Each problem (split `test` of the `reasoning_gym` environment, tito.reasoning_gym_tasks) is one rollout through
 the trainer's own machinery (tokenizer registration, OpenSession, the turn loop, Steps, suffix ids appended
 verbatim) with the vLLM engine (CPU build or CUDA) or the transformers backend. Printed and written to
-`summary.json`: accuracy (mean reward) with a bootstrap 95% interval, the tool-call rate (rollouts that made at
+`summary.json`: accuracy (share of full-mark rewards) with a bootstrap 95% interval, the mean reward, the tool-call rate (rollouts that made at
 least one call the server ran), the refused-attempt rate (turns that wrote something shaped like a tool call --
 `<tool_call>`, a ```json fence or bare JSON with "name" and "arguments" -- that the server's parser did not
 take as one), mean turns and generated tokens; `rollouts.jsonl` holds every rollout (its text included).
@@ -57,14 +57,17 @@ def tokenizer_dir_with_template(model_dir: str, template: str, into: Path) -> Pa
 
 def summarize(records: list[dict[str, Any]], n_asked: int) -> dict[str, Any]:
     rewards = [r["reward"] for r in records]
+    # Accuracy counts full marks only: some reasoning-gym scorers give partial credit (basic_arithmetic 0.5 for
+    # a wrong number), which the mean reward keeps.
+    right = [1.0 if r >= 1.0 else 0.0 for r in rewards]
     turns = sum(len(r["turns"]) for r in records)
     attempts = sum(t["attempt"] for r in records for t in r["turns"])
     refused = sum(t["attempt"] and not t["tool_calls"] for r in records for t in r["turns"])
-    low, high = bootstrap_ci(rewards)
+    low, high = bootstrap_ci(right)
     n = max(1, len(records))
     return {
         "problems": n_asked, "scored": len(records), "dropped": n_asked - len(records),
-        "accuracy": sum(rewards) / n, "accuracy_ci95": [low, high],
+        "accuracy": sum(right) / n, "accuracy_ci95": [low, high], "mean_reward": sum(rewards) / n,
         "tool_call_rate": sum(r["tool_calls"] > 0 for r in records) / n,
         "tool_calls_per_problem": sum(r["tool_calls"] for r in records) / n,
         "refused_attempt_rate": refused / attempts if attempts else 0.0,
@@ -137,7 +140,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                         jsonl.write(json.dumps(record) + "\n")
                         jsonl.flush()
                     bar.update(1)
-                    bar.set_postfix(acc=f"{sum(r['reward'] for r in records) / max(1, len(records)):.2f}")
+                    bar.set_postfix(acc=f"{sum(r['reward'] >= 1 for r in records) / max(1, len(records)):.2f}")
         finally:
             await scheduler.close()
     summary = summarize(records, len(problems))
