@@ -73,7 +73,7 @@ class EnvConfig(_Strict):
 
 
 class TaskConfig(_Strict):
-    name: Literal["arithmetic", "puzzles", "coding_tasks", "token_subset"] = "arithmetic"
+    name: Literal["arithmetic", "puzzles", "coding_tasks", "reasoning_gym", "token_subset"] = "arithmetic"
     params: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -99,6 +99,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
     tmp = tempfile.TemporaryDirectory(prefix="tito-eval-")
     overrides = [f"model.path={args.model}", f"backend={args.backend}", f"env.address={args.env_address}",
+                 # The task only makes open_run connect the env; the problems are the test split's, made below.
                  "env.environment=reasoning_gym", "task.name=arithmetic", f"seed={args.seed}",
                  f"temperature={args.temperature}", f"budget.context={args.context}", f"budget.per_turn={args.per_turn}",
                  f"budget.max_turns={args.max_turns}", f"model.dtype={args.dtype}", "retries=1",

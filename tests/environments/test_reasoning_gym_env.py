@@ -70,3 +70,18 @@ async def test_reasoning_gym_without_tools_refuses_calls(docker_ok):
         assert "no tools in this session" in r.tool_messages[0].content
         end = await episode.end(f"<answer>{problem.answer}</answer>")
         assert end.reward == 1.0
+
+
+def test_reasoning_gym_train_task_draws_new_train_problems_each_step():
+    from trainer.tasks import make_task
+
+    task = make_task("reasoning_gym", {"dataset": "basic_arithmetic", "tools": "none"}, seed=5, vocab_size=2)
+    first, second = task.sample(3, 1), task.sample(3, 2)
+    indices = [s.env_args["index"] for s in first + second]
+    assert len(set(indices)) == 6 and {s.env_args["split"] for s in first} == {"train"}
+    assert first[0].messages[-1].content.startswith(ARITH_TRAIN.problem(indices[0]).question)
+    with pytest.raises(ValueError, match="Dataset 'nope' not registered"):
+        make_task("reasoning_gym", {"dataset": "nope"}, seed=0, vocab_size=2)
+
+
+ARITH_TRAIN = ReasoningGymTask("basic_arithmetic", split="train", seed=5, tools="none")
