@@ -41,7 +41,8 @@ def _dataset(name: str, config_json: str, seed: int, size: int):
     try:
         import reasoning_gym
     except ImportError as e:
-        raise RuntimeError("reasoning-gym is not installed: pip install 'tito[server]' (reasoning-gym==0.1.25)") from e
+        # A ValueError: the env server answers OpenSession with it (INVALID_ARGUMENT) instead of failing inside.
+        raise ValueError("reasoning-gym is not installed here: pip install 'tito[server]' (reasoning-gym==0.1.25)") from e
     try:
         return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
     except Exception as e:  # an unknown name or a config the dataset refuses: the caller's mistake
