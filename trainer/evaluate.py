@@ -94,7 +94,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
     from tito_assets.models import resolve_model
     from trainer.config import load_config
-    from trainer.rollout import GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
+    from trainer.rollout import BatchStats, GenerationScheduler, RolloutLimits, RolloutRunner, RolloutSpec
     from trainer.setup import open_run
 
     tmp = tempfile.TemporaryDirectory(prefix="tito-eval-")
@@ -126,8 +126,6 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         async def one(i: int, problem):
             async with gate:
                 spec = RolloutSpec(group=i, messages=problem.messages(args.system), env_args=problem.env_args())
-                from trainer.rollout import BatchStats
-
                 return problem, await runner.run_with_retries(spec, i, BatchStats())
 
         try:
