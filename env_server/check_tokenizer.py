@@ -98,7 +98,8 @@ def realistic_outputs(ctx: RenderingContext) -> list[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m env_server.check_tokenizer", description=__doc__.split("\n\n")[0])
-    ap.add_argument("directory", type=Path, help="a tokenizer folder (tokenizer.json, tokenizer_config.json, ...)")
+    ap.add_argument("directory", help="a tokenizer folder (tokenizer.json, tokenizer_config.json, ...) or a fetched "
+                    "model's name (python -m tito_assets.fetch_model --list)")
     ap.add_argument("--chat-template-kwargs", default="{}", help="JSON object passed to the chat template")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -110,10 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--chat-template-kwargs must be a JSON object")
     from tito.tokenizer_files import tokenizer_files
 
+    from tito_assets.models import ModelUnavailableError, resolve_model
+
     try:
-        files = tokenizer_files(args.directory)
+        files = tokenizer_files(Path(resolve_model(args.directory)))
         ctx = TokenizerRegistry(max_entries=1).register(files, kwargs)
-    except (InvalidTokenizerFilesError, UnsupportedTemplateError, OSError, ValueError) as e:
+    except (InvalidTokenizerFilesError, UnsupportedTemplateError, ModelUnavailableError, OSError, ValueError) as e:
         print(f"verdict: REFUSED\nreason:  {e}")
         return 1
     report(ctx)

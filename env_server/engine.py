@@ -84,7 +84,7 @@ class Engine:
             env_args = env_cls.parse_env_args(request.env_args_json, context={"config": self.config})
         except ValueError as e:
             raise RequestError(ErrorKind.INVALID_ARGUMENT, str(e)) from e
-        tools = tuple(env_cls.tool_specs())  # not info(): its env_args JSON schema costs ~0.6 ms a call
+        tools = tuple(env_cls.session_tool_specs(env_args))  # not info(): its env_args JSON schema costs ~0.6 ms a call
         prompt_ids: list[int] = []
         if renderer is not None:
             try:

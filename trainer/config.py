@@ -15,7 +15,8 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    path: str = Field("tiny-random-qwen3", description="A local HF model dir, or 'tiny-random-qwen3'.")
+    path: str = Field("tiny-random-qwen3", description="A local HF model dir, a fetched model's name "
+                      "(python -m tito_assets.fetch_model --list), or 'tiny-random-qwen3'.")
     device: str = Field("auto", description="'cpu', 'cuda', 'cuda:1' or 'auto' (cuda if available).")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     vocab_size: int | None = Field(None, ge=2, description="tiny-random-qwen3 only: embedding rows "
@@ -34,8 +35,9 @@ class ModelConfig(_Strict):
 
 
 class TokenizerConfig(_Strict):
-    dir: str | None = Field(None, description="Tokenizer dir (tokenizer.json [+ config, template]). "
-                            "Unset: build the offline Qwen tokenizer with `template`.")
+    dir: str | None = Field(None, description="Tokenizer dir (tokenizer.json [+ config, template]) or a fetched "
+                            "model's name. Unset: model.path's when that is a fetched model's name, else the "
+                            "offline Qwen tokenizer built with `template`.")
     template: str = Field("qwen2_5", description="trl chat template name when dir is unset.")
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
@@ -71,7 +73,7 @@ class EnvConfig(_Strict):
 
 
 class TaskConfig(_Strict):
-    name: Literal["arithmetic", "puzzles", "coding_tasks", "token_subset"] = "arithmetic"
+    name: Literal["arithmetic", "puzzles", "coding_tasks", "reasoning_gym", "token_subset"] = "arithmetic"
     params: dict[str, Any] = Field(default_factory=dict)
 
 

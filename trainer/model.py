@@ -56,6 +56,9 @@ def load_model(path: str, *, vocab_size: int, seed: int, device: str, dtype: str
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        from tito_assets.models import resolve_model
+
+        path = resolve_model(path)  # a fetched model's name (tito_assets.fetch_model) -> its folder
         if device == "meta":
             with torch.device("meta"):
                 model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path, local_files_only=True),

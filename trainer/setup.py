@@ -79,8 +79,12 @@ class TokenizerInfo:
 
         from tito.fingerprint import read_tokenizer_files
 
+        from tito_assets.models import model_sources, resolve_model
+
         if cfg.tokenizer.dir:
-            directory = Path(cfg.tokenizer.dir)
+            directory = Path(resolve_model(cfg.tokenizer.dir))
+        elif cfg.model.path in model_sources():
+            directory = Path(resolve_model(cfg.model.path))  # a fetched model brings its tokenizer and template
         else:
             from tito_assets.qwen_tokenizer import build_tokenizer_dir
 

@@ -9,6 +9,7 @@
 - `puzzles`: a small fixed pool of interpreter puzzles (big products, modular powers, digit sums,
   prime counts), generated from a seed. Small enough for the tiny demo model to memorize after a
   warm start on demonstrations (examples/demo.yaml); the env checks the final answer.
+- `reasoning_gym`: any reasoning-gym dataset's train split, scored by the `reasoning_gym` environment.
 - `coding_tasks`: the `coding` environment on task folders (`tito.coding_tasks`: a repository with a bug,
   an issue, hidden tests); the env grades each episode with the hidden tests in a fresh sandbox
   (examples/coding_grpo.yaml on examples/coding_tasks). Its teacher applies the known fix.
@@ -338,6 +339,39 @@ class CodingTasksTask:
         return float(rollout.env_reward or 0.0)
 
 
+class ReasoningGymTrainTask:
+    """reasoning-gym problems of the train split (tito.reasoning_gym_tasks), scored by the `reasoning_gym`
+    environment with the dataset's own scorer (set env.environment: reasoning_gym). Step s takes problems
+    s * n .. s * n + n - 1 of the split, so no problem repeats; held-out evaluation uses the test split
+    (python -m trainer.evaluate)."""
+
+    name = "reasoning_gym"
+    uses_env = True
+
+    def __init__(self, seed: int = 0, dataset: str = "gsm_symbolic", config: dict[str, Any] | None = None,
+                 tools: str = "python", system: str | None = None) -> None:
+        from tito.reasoning_gym_tasks import ReasoningGymTask
+
+        if tools not in ("python", "none"):
+            raise ValueError(f"tools must be 'python' or 'none', got {tools!r}")
+        self.problems = ReasoningGymTask(dataset, dict(config or {}), split="train", seed=seed, tools=tools)
+        self.system = system
+        self.problems.problem(0)  # an unknown dataset or a bad config fails here, not in the first step
+
+    def sample(self, n_prompts: int, step: int) -> list[RolloutSpec]:
+        specs = []
+        for g in range(n_prompts):
+            p = self.problems.problem(max(step, 0) * n_prompts + g)
+            specs.append(RolloutSpec(group=g, messages=p.messages(self.system), env_args=p.env_args(),
+                                     meta={"answer": p.answer, "index": p.index}))
+        return specs
+
+    def reward(self, rollout: Rollout, decode: Decode | None) -> float:
+        if rollout.status is not Status.COMPLETED:
+            return 0.0
+        return float(rollout.env_reward or 0.0)
+
+
 def make_task(name: str, params: dict[str, Any], *, seed: int, vocab_size: int) -> Task:
     if name == "arithmetic":
         return ArithmeticTask(seed=seed, **params)
@@ -347,4 +381,7 @@ def make_task(name: str, params: dict[str, Any], *, seed: int, vocab_size: int) 
         return PuzzleTask(seed=seed, **params)
     if name == "coding_tasks":
         return CodingTasksTask(seed=seed, **params)
-    raise ValueError(f"unknown task {name!r}: choose 'arithmetic', 'puzzles', 'coding_tasks' or 'token_subset'")
+    if name == "reasoning_gym":
+        return ReasoningGymTrainTask(seed=seed, **params)
+    raise ValueError(f"unknown task {name!r}: choose 'arithmetic', 'puzzles', 'coding_tasks', 'reasoning_gym' or "
+                     "'token_subset'")

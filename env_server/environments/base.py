@@ -172,6 +172,12 @@ class Environment:
         return [t.spec for t in cls._tools.values()]
 
     @classmethod
+    def session_tool_specs(cls, env_args: BaseModel) -> list[ToolSpec]:
+        """The tools one session offers (rendered into its prompt, parsed from its completions): by default all
+        of them; an environment whose env_args choose its tools narrows this (and refuses the others)."""
+        return cls.tool_specs()
+
+    @classmethod
     def info(cls) -> EnvironmentInfo:
         """What ListEnvironments reports for this environment."""
         return EnvironmentInfo(name=cls.name, description=cls.description, tools=tuple(cls.tool_specs()),

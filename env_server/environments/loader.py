@@ -15,6 +15,7 @@ from env_server.environments.base import Environment
 from env_server.environments.bash_env import BashEnvironment
 from env_server.environments.coding_env import CodingEnvironment
 from env_server.environments.python_env import PythonEnvironment, ScientificPythonEnvironment
+from env_server.environments.reasoning_gym_env import ReasoningGymEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,8 @@ class EnvironmentLoadError(RuntimeError):
 
 def load_environments(module_paths: list[str], use_entry_points: bool = True) -> dict[str, type[Environment]]:
     found: dict[str, type[Environment]] = {
-        cls.name: cls for cls in (PythonEnvironment, ScientificPythonEnvironment, BashEnvironment, CodingEnvironment)}
+        cls.name: cls for cls in (PythonEnvironment, ScientificPythonEnvironment, BashEnvironment, CodingEnvironment,
+                                  ReasoningGymEnvironment)}
     if use_entry_points:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             # A broken third-party plug-in must not stop the server: log it and go on.

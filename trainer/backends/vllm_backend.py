@@ -255,7 +255,9 @@ class VllmBackend:
         check_model(model.config)
         os.environ.update(launcher_env(os.environ, _free_port()))
         tmp = None
-        path = cfg.model.path
+        from tito_assets.models import resolve_model
+
+        path = resolve_model(cfg.model.path)
         kwargs = engine_kwargs(cfg, seed=seed, on_cpu=on_cpu_platform())
         if not Path(path).is_dir():
             # vLLM reads a model folder: give it the config only and random weights, then push ours
