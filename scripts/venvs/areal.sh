@@ -13,8 +13,8 @@
 # Env: TITO_PYTHON (interpreter the venv is made from; default python3.11, else python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-VENV=.venvs/areal
-stamp_of() { cat scripts/venvs/areal.sh pyproject.toml | sha256sum | cut -d' ' -f1; }
+VENV=${TITO_VENV_DIR:-.venvs/areal}
+stamp_of() { { cat scripts/venvs/areal.sh; python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"])'; } | sha256sum | cut -d' ' -f1; }
 want=$(stamp_of)
 if [ -f "$VENV/.stamp" ] && [ "$(cat "$VENV/.stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
     echo "[areal] $VENV is up to date"

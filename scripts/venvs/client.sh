@@ -11,8 +11,8 @@
 # Env: TITO_PYTHON (interpreter, default python3.11 or python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-venv=.venvs/client
-stamp_of() { cat "$0" pyproject.toml | sha256sum | cut -c1-16; }
+venv=${TITO_VENV_DIR:-.venvs/client}
+stamp_of() { { cat "$0"; python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"])'; } | sha256sum | cut -c1-16; }
 want=$(stamp_of)
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.tito-stamp" 2>/dev/null)" = "$want" ]; then
     echo "[client] $venv is up to date (stamp $want)"

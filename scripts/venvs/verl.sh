@@ -2,12 +2,12 @@
 # .venvs/verl: verl 0.9.1 CPU-only beside the tito client (`pip install .`, gRPC only), for
 # tests/integrations/test_verl.py. torch goes in first as the CPU wheel (a plain `torch` requirement would pull
 # the CUDA build); verl's own pins then keep their transformers (< 5.11). Idempotent: a stamp (hash of this
-# script and pyproject.toml) skips the build when nothing changed.
+# script and the client's dependencies in pyproject.toml) skips the build when nothing changed.
 # Env: TITO_PYTHON (interpreter, default python3.11 or python3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-venv=.venvs/verl
-stamp_of() { cat "$0" pyproject.toml | sha256sum | cut -c1-16; }
+venv=${TITO_VENV_DIR:-.venvs/verl}
+stamp_of() { { cat "$0"; python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"])'; } | sha256sum | cut -c1-16; }
 want=$(stamp_of)
 if [ -x "$venv/bin/python" ] && [ "$(cat "$venv/.tito-stamp" 2>/dev/null)" = "$want" ]; then
     echo "[verl] $venv is up to date (stamp $want)"
