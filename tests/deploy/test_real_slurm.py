@@ -26,7 +26,8 @@ from tests.server.test_unprivileged import _grant_traverse
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.slow]
 NOBODY = 65534
-ROOTFS = "/var/lib/tito/rootfs"  # where setup builds them as root; the unprivileged job is pointed at them
+# Where setup builds them as root (or TITO_ROOTFS_DIR, as setup takes it); the unprivileged job is pointed at them.
+ROOTFS = os.environ.get("TITO_ROOTFS_DIR") or "/var/lib/tito/rootfs"
 # The fewest GRPO steps on the demo's tiny model: one step of one prompt, two rollouts.
 TRAIN = ["examples/demo.yaml", "--steps", "1", "--set", "prompts_per_step=1", "--set", "num_generations=2",
          "--set", "warm_start.steps=1", "--set", "progress=false", "--set", "save_checkpoint=false"]
