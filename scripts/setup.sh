@@ -50,7 +50,8 @@
 #   TITO_FORCE_VENV=1         reinstall the project into .venv even if nothing changed
 #   TITO_SKIP_FRAMEWORK_VENVS=1  do not build the RL frameworks' venvs (.venvs/NAME from scripts/venvs/NAME.sh;
 #                             full profile only; built in the background beside everything else; their tests
-#                             then fail under scripts/test.sh unless TITO_REQUIRE_FRAMEWORKS=0)
+#                             then fail under scripts/test.sh unless TITO_REQUIRE_FRAMEWORKS=0); they are cached in
+#                             TITO_VENV_CACHE (default ~/.cache/tito/venvs), so a fresh clone reuses them
 #   TITO_INSTALL_SLURM=1      also install Slurm and munge (Debian's slurm-wlm, munge) in the one apt-get; the full
 #                             profile does as root where no Slurm is installed (tests/deploy/test_real_slurm.py
 #                             starts its own daemons); TITO_INSTALL_SLURM=0 skips them
