@@ -8,7 +8,7 @@ turn) and by the `reasoning_gym` environment (the scorer's entry), and the final
 Splits come from disjoint seeds: reasoning-gym makes item i of a dataset of seed s from `Random(s + i)`, so
 two seeds closer than the dataset's size share items. Here the split picks a block of seeds far apart
 (`SPLIT_OFFSET`), and an index must stay below `MAX_INDEX`, so train and test never draw the same generator
-state. Needs `reasoning-gym` (pip install 'tito[server]'); imported only when a problem is made.
+state. Needs `reasoning-gym` (pip install 'tito[reasoning]'); imported only when a problem is made.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _dataset(name: str, config_json: str, seed: int, size: int):
         import reasoning_gym
     except ImportError as e:
         # A ValueError: the env server answers OpenSession with it (INVALID_ARGUMENT) instead of failing inside.
-        raise ValueError("reasoning-gym is not installed here: pip install 'tito[server]' (reasoning-gym==0.1.25)") from e
+        raise ValueError("reasoning-gym is not installed here: pip install 'tito[reasoning]' (reasoning-gym==0.1.25)") from e
     try:
         return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
     except Exception as e:  # an unknown name or a config the dataset refuses: the caller's mistake
