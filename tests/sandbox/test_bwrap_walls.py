@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from env_server.sandbox import BackendUnavailable
-from env_server.sandbox.bwrap import rootfs
+from env_server.sandbox.bwrap import command, rootfs
 from env_server.sandbox.bwrap.handle import StderrTail
 from env_server.sandbox.bwrap.rootfs_tree import clone_tree, harden
 from env_server.sandbox.bwrap.uids import UidPool
@@ -67,9 +67,7 @@ out''')
         assert result in (0, "EACCES", "ENOENT"), (path, got)
 
 
-@only_backend("bwrap")
-async def test_pid_1_is_the_repls_own_init_and_holds_no_handle_back_to_the_server(sandbox):
-    got = await _value(sandbox, r'''
+PID_1_PROBE = r'''
 import ctypes, errno, os, subprocess, time
 libc = ctypes.CDLL(None, use_errno=True)
 SYS_pidfd_open, SYS_pidfd_getfd = 434, 438
@@ -84,9 +82,14 @@ time.sleep(0.8)
 zombies = [p for p in os.listdir("/proc") if p.isdigit() and open("/proc/%s/stat" % p).read().rsplit(")", 1)[1].split()[0] == "Z"]
 (open("/proc/1/cmdline").read().split("\0"), os.readlink("/proc/1/exe"),
  [os.readlink("/proc/1/fd/" + fd) for fd in os.listdir("/proc/1/fd")],
- [t for t in taken if t != -1], zombies, os.getpid())''')
+ [t for t in taken if t != -1], zombies, os.getpid())'''
+
+
+async def _check_pid_1(sandbox) -> list[str]:
+    """What every pid 1 must do: hold nothing of the server's, name no host path, reap orphans, ignore signals
+    from inside. Returns its command line."""
+    got = await _value(sandbox, PID_1_PROBE)
     cmdline, exe, fds, taken, zombies, repl_pid = eval(got)  # noqa: S307 - a repr of str/int lists
-    assert cmdline[:3] == ["python3", "-I", "/opt/tito/repl_server.py"], got
     assert str(rootfs.default_rootfs_dir()) not in got and "bwrap" not in exe, got
     # Nothing of the server's (no stdin socket, no stderr pipe): /dev/null as fds 0-2, and nothing else.
     # pidfd_getfd: refused by the seccomp filter (nothing taken), or, without it, only /dev/null to take.
@@ -99,6 +102,43 @@ zombies = [p for p in os.listdir("/proc") if p.isdigit() and open("/proc/%s/stat
     r = await sandbox.execute("while True: pass", timeout_s=0.5)
     assert r.timed_out and sandbox.alive, r
     assert await _value(sandbox, "'alive'") == "'alive'"
+    return cmdline
+
+
+@only_backend("bwrap")
+async def test_pid_1_is_a_small_init_and_holds_no_handle_back_to_the_server(sandbox):
+    cmdline = await _check_pid_1(sandbox)
+    # pid 1: the shell init (the images have /bin/sh), its command line the script and the REPL's.
+    assert cmdline[:4] == ["/bin/sh", "-c", command.SH_INIT, "tito-init"], cmdline
+    assert cmdline[4:7] == ["python3", "-I", "/opt/tito/repl_server.py"], cmdline
+    # User code's processes get the default signal dispositions, as under docker-init (nothing ignored).
+    ignored = await _value(sandbox, "import subprocess\nsubprocess.run(['grep', 'SigIgn', '/proc/self/status'], "
+                                    "capture_output=True, text=True).stdout.split()[1]")
+    assert ignored == "'0000000000000000'", ignored
+    # The REPL's exit status is the sandbox's: the init passes it on.
+    await sandbox.execute("import os\nos._exit(7)")
+    info = await asyncio.get_running_loop().run_in_executor(None, sandbox.handle.exit_info, 5.0)
+    assert not info.running and info.exit_code == 7, info
+
+
+@only_backend("bwrap")
+async def test_in_an_image_without_a_shell_the_repl_forks_its_own_init(make_sandbox, monkeypatch):
+    # An image without /bin/sh (a distroless one): the REPL starts as pid 1 and forks its own init instead.
+    monkeypatch.setattr(command, "with_init", lambda tree, cmd: tuple(cmd))
+    cmdline = await _check_pid_1(await make_sandbox())
+    assert cmdline[:3] == ["python3", "-I", "/opt/tito/repl_server.py"], cmdline
+
+
+def test_the_shell_init_is_used_only_where_the_image_has_an_executable_shell(tmp_path):
+    repl = ("python3", "-I", "/opt/tito/repl_server.py")
+    assert command.with_init(tmp_path, repl) == repl
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "bin").symlink_to("usr/bin")
+    (tmp_path / "usr" / "bin" / "dash").write_text("")
+    os.chmod(tmp_path / "usr" / "bin" / "dash", 0o755)
+    (tmp_path / "usr" / "bin" / "sh").symlink_to("/usr/bin/dash")  # absolute: resolved inside the tree
+    command._has_shell.cache_clear()
+    assert command.with_init(tmp_path, repl)[:2] == ("/bin/sh", "-c")
 
 
 @only_backend("bwrap")

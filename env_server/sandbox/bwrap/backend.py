@@ -8,8 +8,8 @@ REPL on itself (and for memory, where no cgroup holds it), the seccomp filter (s
 both backends share). Root filesystems: rootfs.py.
 
     outer bwrap (host pid, the server's child; as a host uid of the sandbox's own under a root server, uids.py)
-     └─ python3 -I /opt/tito/repl_server.py as pid 1 of the sandbox: the REPL's init (runtime/repl_init.py:
-        holds no fd, reaps orphans, ignores signals from inside)
+     └─ /bin/sh -c SH_INIT as pid 1 of the sandbox: its init (command.py: holds only /dev/null, reaps orphans,
+        ignores signals from inside; in an image without /bin/sh, the REPL's own fork, runtime/repl_init.py)
          └─ python3 -I /opt/tito/repl_server.py, the REPL (pid 2)
 
 The sandbox's stderr (bwrap's errors, the REPL's before it captures its own) is logged line by line, escaped:

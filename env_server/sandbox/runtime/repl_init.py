@@ -1,6 +1,7 @@
 """The REPL's start: its rlimits, and, where it is pid 1 of its sandbox, its own init.
 
-Under bwrap (--as-pid-1) the REPL starts as pid 1 of the sandbox's pid namespace. It forks at once: the parent
+Under bwrap (--as-pid-1) pid 1 of the sandbox is a shell as its init (bwrap/command.py, SH_INIT), which costs far
+less than a forked interpreter; in an image without /bin/sh the REPL itself starts as pid 1. It forks at once: the parent
 stays pid 1 as a small init, the child goes on as the REPL. The init holds no file at all (stdin, stdout and
 stderr, the server's socket and pipe, are swapped for /dev/null), so nothing in the sandbox can take a handle
 back to the server from it (pidfd_getfd, /proc/1/fd); its command line is the REPL's (no host path). It reaps
