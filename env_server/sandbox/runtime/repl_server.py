@@ -98,8 +98,7 @@ class Repl:
 
         signal.signal(signal.SIGINT, self._on_sigint)
         signal.signal(signal.SIGALRM, self._on_alarm)
-        # Started in the background by bwrap's shell init, the REPL inherits SIGQUIT ignored (POSIX, for a shell
-        # without job control): user code gets the default, as under docker-init.
+        # SIGQUIT comes ignored from bwrap's shell init (a background command): user code gets the default.
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)
         # tini forwards SIGTERM to us; code that kills PID 1 should not take the session down.
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
