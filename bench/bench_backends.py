@@ -9,7 +9,10 @@ For each backend, what the issue that brought bwrap asks for (issue 23):
 - CPU-seconds per session lifecycle: OpenSession -> one run_python Step -> CloseSession through a real server
   whose pool keeps nothing warm (so every open starts a sandbox and every close removes one), sequentially; the
   CPU counted is the server's (its reaped children included: bwrap's processes), dockerd's, containerd's and its
-  shims' (live ones, and through pid 1's reaped children those that exited), divided by the lifecycles;
+  shims' (live ones, and through pid 1's reaped children those that exited), divided by the lifecycles. That
+  misses processes killed without being reaped by a counted parent (a bwrap sandbox's REPL dies with its pid
+  namespace), so for bwrap the server also runs in a cpuacct cgroup of the bench's own and
+  `cpu_s_per_lifecycle_cpuacct` is everything charged there: the server and every process of its sandboxes;
 - memory per idle session: N sessions open and idle, each sandbox's cgroup memory less inactive file cache
   (what `docker stats` shows), plus each container's shim (PSS) under Docker;
 - Step p50: a trivial run_python Step over gRPC, one session of a warm pool;
@@ -150,20 +153,65 @@ def server(tmp: Path, backend: str, **env: str):
     return start_server(tmp, backend=backend, env={k: str(v) for k, v in env.items()})
 
 
-def lifecycles(tmp: Path, backend: str, n: int) -> float:
+class CpuacctGroup:
+    """A cgroup v1 cpuacct group of the bench's own that the server is moved into before it starts any sandbox.
+
+    Everything the server starts afterwards is charged to it: bwrap's processes join the sandbox's memory, pids
+    and cpu cgroups, never cpuacct, and where cpu and cpuacct share a hierarchy the sandbox's cgroup lies below
+    the server's. Unlike reaped children's times it also counts processes that were killed and never reaped by a
+    counted parent (a sandbox's REPL, killed with its pid namespace). None where there is no writable cpuacct."""
+
+    ROOTS = (Path("/sys/fs/cgroup/cpuacct"), Path("/sys/fs/cgroup/cpu,cpuacct"))
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def make(cls, pid: int) -> CpuacctGroup | None:
+        for root in cls.ROOTS:
+            if (root / "cpuacct.usage").exists():
+                own = Path(f"/proc/{pid}/cgroup").read_text()
+                rel = next((line.split(":", 2)[2] for line in own.splitlines() if "cpuacct" in line.split(":")[1]),
+                           "/")
+                try:
+                    path = root / rel.strip("/") / f"tito-bench-{pid}"
+                    path.mkdir()
+                    (path / "cgroup.procs").write_text(str(pid))
+                except OSError:
+                    return None
+                return cls(path)
+        return None
+
+    def usage_s(self) -> float:
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9
+
+    def remove(self) -> None:
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def lifecycles(tmp: Path, backend: str, n: int) -> tuple[float, float | None]:
+    """CPU-seconds per lifecycle: (reaped children's count, the cpuacct group's count or None)."""
     srv = server(tmp, backend, TITO_POOL__TARGET_SIZE=0, TITO_POOL__LEARN_DEMAND="false")
+    group = CpuacctGroup.make(srv.proc.pid) if backend == "bwrap" else None
     try:
         with TitoClient(srv.address) as client:
             with client.open_session("python") as s:  # the first: imports, connections
                 s.step(tool_calls=CALL)
-            before = cpu_ticks(srv.proc.pid)
+            time.sleep(1.0)
+            before, before_group = cpu_ticks(srv.proc.pid), group.usage_s() if group else 0.0
             for _ in range(n):
                 with client.open_session("python") as s:
                     assert s.step(tool_calls=CALL).status is StepStatus.OK
             time.sleep(1.0)  # removals finish (the close answers before the sandbox is gone)
-            return (cpu_ticks(srv.proc.pid) - before) / TICK / n
+            reaped = (cpu_ticks(srv.proc.pid) - before) / TICK / n
+            return reaped, (group.usage_s() - before_group) / n if group else None
     finally:
         srv.terminate()
+        if group is not None:
+            group.remove()
 
 
 def idle_memory(tmp: Path, backend: str, n: int) -> float:
@@ -250,17 +298,20 @@ def main() -> int:
         r: dict[str, float] = {}
         cold = asyncio.run(cold_starts(b, args.cold))
         r["cold_start_p50_ms"] = pct(cold, 50) * 1000
-        r["cpu_s_per_lifecycle"] = lifecycles(tmp, b, args.lifecycles)
+        r["cpu_s_per_lifecycle"], in_group = lifecycles(tmp, b, args.lifecycles)
+        if in_group is not None:
+            r["cpu_s_per_lifecycle_cpuacct"] = in_group
         r["idle_session_mib"] = idle_memory(tmp, b, args.idle)
         r["step_p50_ms"] = pct(step_latencies(tmp, b, args.steps), 50) * 1000
         for n in (int(x) for x in args.bursts.split(",")):
             r[f"first_burst_{n}_s"] = first_burst(tmp, b, n)
         results[b] = r
         print(f"{b}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()), flush=True)
-    names = list(next(iter(results.values())))
-    print(f"\n{'figure':<26}" + "".join(f"{b:>12}" for b in backends))
+    names = list(dict.fromkeys(k for r in results.values() for k in r))
+    print(f"\n{'figure':<30}" + "".join(f"{b:>12}" for b in backends))
     for name in names:
-        print(f"{name:<26}" + "".join(f"{results[b][name]:>12.3f}" for b in backends))
+        print(f"{name:<30}" + "".join(f"{results[b][name]:>12.3f}" if name in results[b] else f"{'-':>12}"
+                                      for b in backends))
     print(json.dumps(results))
     return 0
 
