@@ -195,8 +195,11 @@ class RolloutRunner:
             if session is not None:
                 try:
                     await asyncio.wait_for(session.close(), self.close_timeout_s)
-                except Exception as e:  # the server's idle TTL reclaims it anyway
-                    log.warning("CloseSession(%s) failed: %s", session.id, e)
+                except asyncio.TimeoutError:  # the server's idle TTL reclaims it anyway
+                    log.warning("CloseSession(%s) got no answer within %gs (a loaded server or machine); the "
+                                "server's idle TTL reclaims the session", session.id, self.close_timeout_s)
+                except Exception as e:
+                    log.warning("CloseSession(%s) failed: %s: %s", session.id, type(e).__name__, e)
         return r
 
     async def _turns(self, r: Rollout, session: AsyncSession | None, key: RolloutKey) -> None:
