@@ -17,6 +17,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 Split = Literal["train", "test"]
@@ -95,9 +97,11 @@ class Problem:
         extra = f"\n\n{TOOL_INSTRUCTION}" if self.tools == "python" else ""
         return f"{self.question}{extra}\n\n{ANSWER_INSTRUCTION}"
 
-    def messages(self, system: str | None = None) -> list[dict[str, str]]:
+    def messages(self, system: str | None = None, example: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+        """The opening turn: the system message (if any), a worked example's turns (if any: earlier turns of the
+        same conversation, as OpenAI-style messages, e.g. from `load_example`), then the problem."""
         head = [{"role": "system", "content": system}] if system else []
-        return head + [{"role": "user", "content": self.user_turn()}]
+        return head + [dict(m) for m in example] + [{"role": "user", "content": self.user_turn()}]
 
     def env_args(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "config": self.config, "split": self.split, "seed": self.seed,
@@ -118,3 +122,26 @@ class ReasoningGymTask:
         e = entry(self.dataset, self.config, self.split, self.seed, index)
         return Problem(dataset=self.dataset, config=dict(self.config), split=self.split, seed=self.seed, index=index,
                        question=e["question"], answer=str(e["answer"]), tools=self.tools)
+
+
+def load_example(source: str | Path | Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """A worked example to put before each problem: OpenAI-style messages given as a list, or the path of a JSON
+    file holding that list (examples/real_model/worked_example.json). Checked here, so that a mistake stops the
+    run before its first rollout instead of reaching the env server as a malformed opening turn."""
+    if source is None:
+        return []
+    if isinstance(source, (str, Path)):
+        try:
+            messages = json.loads(Path(source).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read the worked example {str(source)!r}: {e} (a JSON list of messages)") from e
+    else:
+        messages = list(source)
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"a worked example is a non-empty list of messages, got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "tool"):
+            raise ValueError(f"worked example message {i} must be an object with role user, assistant or tool: {m!r}")
+    if messages[0]["role"] != "user" or messages[-1]["role"] != "assistant":
+        raise ValueError("a worked example starts with a user turn and ends with the assistant's final reply")
+    return messages

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tito.reasoning_gym_tasks import ReasoningGymTask
+from tito.reasoning_gym_tasks import ReasoningGymTask, load_example
 
 _ATTEMPT = re.compile(r"<tool_call>|```json|\{\s*\"name\"\s*:", re.IGNORECASE)
 
@@ -107,12 +107,16 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if args.backend == "vllm":
         overrides += [f"vllm.max_num_seqs={args.concurrency}", "vllm.enforce_eager=true"]
     if args.chat_template:
-        folder = tokenizer_dir_with_template(resolve_model(args.model), args.chat_template, Path(tmp.name) / "tok")
+        folder = tokenizer_dir_with_template(resolve_model(args.tokenizer or args.model), args.chat_template,
+                                             Path(tmp.name) / "tok")
         overrides.append(f"tokenizer.dir={folder}")
+    elif args.tokenizer:
+        overrides.append(f"tokenizer.dir={args.tokenizer}")
     cfg = load_config(None, overrides)
     task = ReasoningGymTask(args.dataset, json.loads(args.config), split="test", seed=args.data_seed,
                             tools=args.tools)
     problems = [task.problem(args.start + i) for i in range(args.n)]
+    example = load_example(args.example)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
@@ -125,7 +129,7 @@ async def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
         async def one(i: int, problem):
             async with gate:
-                spec = RolloutSpec(group=i, messages=problem.messages(args.system), env_args=problem.env_args())
+                spec = RolloutSpec(group=i, messages=problem.messages(args.system, example), env_args=problem.env_args())
                 return problem, await runner.run_with_retries(spec, i, BatchStats())
 
         try:
@@ -171,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8, help="rollouts in flight")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--system", default=None, help="a system message (default: none, the template's own)")
+    ap.add_argument("--tokenizer", default=None,
+                    help="the tokenizer and chat template (a fetched model's name or a folder) where --model has none "
+                         "(a trainer checkpoint: give the name of the model it was trained from)")
+    ap.add_argument("--example", default=None,
+                    help="a JSON file of messages: a worked example put before each problem (as the training run's "
+                         "task.params.example)")
     ap.add_argument("--chat-template", default=None, help="render with this pinned template instead of the model's")
     ap.add_argument("--out", required=True, help="folder for rollouts.jsonl and summary.json")
     args = ap.parse_args(argv)

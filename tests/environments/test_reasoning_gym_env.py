@@ -85,3 +85,20 @@ def test_reasoning_gym_train_task_draws_new_train_problems_each_step():
 
 
 ARITH_TRAIN = ReasoningGymTask("basic_arithmetic", split="train", seed=5, tools="none")
+
+
+def test_reasoning_gym_worked_example_goes_before_the_problem_and_is_checked(tmp_path):
+    from tito.reasoning_gym_tasks import load_example
+
+    example = load_example("examples/real_model/worked_example.json")
+    messages = ARITH_TRAIN.problem(0).messages("be brief", example)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    assert messages[2]["tool_calls"][0]["function"]["name"] == "run_python"
+    assert load_example(None) == [] and ARITH_TRAIN.problem(0).messages()[-1]["role"] == "user"
+    bad = tmp_path / "bad.json"
+    for text, said in [("{", "cannot read the worked example"), ("[]", "non-empty list"),
+                       ('[{"role": "system", "content": "x"}]', "role user, assistant or tool"),
+                       ('[{"role": "user", "content": "x"}]', "ends with the assistant's final reply")]:
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=said):
+            load_example(bad)

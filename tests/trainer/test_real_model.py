@@ -92,8 +92,8 @@ def test_real_model_evaluates_through_vllm_and_the_env_server(small_model, docke
             [sys.executable, "-m", "trainer.evaluate", "--model", SMALL, "--chat-template", "qwen2_5",
              "--dataset", "basic_arithmetic", "--config", '{"min_terms": 2, "max_terms": 2, "min_digits": 1, '
              '"max_digits": 1}', "--n", "3", "--tools", "python", "--backend", "vllm",
-             "--env-address", server.address, "--per-turn", "48", "--context", "768", "--max-turns", "2",
-             "--concurrency", "3", "--out", str(out)],
+             "--env-address", server.address, "--per-turn", "48", "--context", "1024", "--max-turns", "2",
+             "--concurrency", "3", "--example", "examples/real_model/worked_example.json", "--out", str(out)],
             cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": path},
             capture_output=True, text=True, timeout=840)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
