@@ -147,6 +147,10 @@ class WarmStartConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     batch_size: int = Field(0, ge=0, description="Demonstrations per SFT step; 0 = all of them.")
+    micro_batch_size: int = Field(0, ge=0, description="Demonstrations per forward/backward (gradients "
+                                  "accumulated over the step's batch); 0 = the whole batch at once.")
+    save_model: bool = Field(False, description="Also save the warm-started policy as a model folder "
+                             "(<output_dir>/warmstart-model) to evaluate the policy GRPO starts from.")
 
 
 class TrainConfig(_Strict):

@@ -23,7 +23,7 @@ from trainer.config import WarmStartConfig, load_config
 from trainer.model import build_tiny_qwen3, collate
 from trainer.rollout import RolloutLimits
 from trainer.tasks import ArithmeticTask, PuzzleTask, make_puzzles
-from trainer.warmstart import WarmStartError, build_demonstrations, sft_loss, warm_start
+from trainer.warmstart import WarmStartError, build_demonstrations, sft_backward, sft_loss, warm_start
 
 LIMITS = RolloutLimits(budget=512, per_turn_cap=64, reserve=16, max_turns=3)
 
@@ -206,3 +206,48 @@ def test_teacher_turn_longer_than_the_cap_is_refused(server, tok):
     tight = RolloutLimits(budget=512, per_turn_cap=12, reserve=16, max_turns=3)
     with pytest.raises(WarmStartError, match="per_turn"):
         asyncio.run(_demos(server, files, encode, PuzzleTask(seed=0, n=1), tight))
+
+
+def test_sft_micro_batches_accumulate_the_same_gradient_as_one_pass(built):
+    _, _, demos, _, _, _, _ = built
+    batch = [d for d in demos if d.tool_calls][:3]
+    grads = []
+    for micro in (len(batch), 1):
+        model = build_tiny_qwen3(seed=1)
+        loss, n = sft_backward(model, batch, 0, "cpu", micro)
+        grads.append((loss, n, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
+    (whole, n_whole, g_whole), (split, n_split, g_split) = grads
+    assert n_whole == n_split == sum(d.num_generated for d in batch)
+    assert split == pytest.approx(whole, rel=1e-5)
+    assert torch.allclose(g_whole, g_split, rtol=1e-4, atol=1e-7)
+
+
+def test_reasoning_gym_teacher_demonstrations_call_the_tool_and_score_one(server, tok):
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym is the reasoning extra")
+    from trainer.tasks import make_task
+
+    files, tokenizer = tok
+    task = make_task("reasoning_gym", {"dataset": "basic_arithmetic", "tools": "python", "demos": 2,
+                                       "example": "examples/real_model/worked_example.json"}, seed=3, vocab_size=2)
+    specs = task.demo_specs()
+    # Drawn from a block GRPO's steps never reach, each opening with the worked example's four turns.
+    assert all(s.env_args["index"] >= 900_000 for s in specs) and len(specs[0].messages) == 5
+    assert specs[0].meta["code"].startswith("print(") and task.teacher_turn(specs[0].meta, 0).startswith("<tool_call>")
+
+    async def run():
+        client = AsyncTitoClient(server.address)
+        await client.wait_ready(60)
+        reg = await client.register_tokenizer(files)
+        try:
+            return await build_demonstrations(specs, task, lambda t: tokenizer.encode(t, add_special_tokens=False).ids,
+                                              client, "reasoning_gym", reg.fingerprint,
+                                              RolloutLimits(budget=1024, per_turn_cap=96, reserve=16, max_turns=3),
+                                              reg.stop_token_ids)
+        finally:
+            await client.close()
+
+    demos, records = asyncio.run(run())  # build_demonstrations refuses any that does not score 1
+    assert [d.env_reward for d in demos] == [1.0, 1.0] and all(d.tool_calls == 1 for d in demos)
+    assert all(r["teacher_turns"][1] == f"<answer>{s.meta['answer']}</answer><|im_end|>" for r, s in zip(records, specs))
+    with pytest.raises(ValueError, match="no 'expression'"):
+        make_task("reasoning_gym", {"dataset": "gcd"}, seed=0, vocab_size=2).demo_specs()
