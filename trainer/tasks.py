@@ -349,20 +349,25 @@ class ReasoningGymTrainTask:
     uses_env = True
 
     def __init__(self, seed: int = 0, dataset: str = "gsm_symbolic", config: dict[str, Any] | None = None,
-                 tools: str = "python", system: str | None = None) -> None:
-        from tito.reasoning_gym_tasks import ReasoningGymTask
+                 tools: str = "python", system: str | None = None,
+                 example: str | list[dict[str, Any]] | None = None, demos: int = 16) -> None:
+        from tito.reasoning_gym_tasks import ReasoningGymTask, load_example
 
         if tools not in ("python", "none"):
             raise ValueError(f"tools must be 'python' or 'none', got {tools!r}")
         self.problems = ReasoningGymTask(dataset, dict(config or {}), split="train", seed=seed, tools=tools)
         self.system = system
+        self.example = load_example(example)  # a worked example's turns before each problem (the format, shown)
+        if demos < 1:
+            raise ValueError("demos must be >= 1")
+        self.demos = demos  # warm-start demonstrations (used only with warm_start.steps > 0)
         self.problems.problem(0)  # an unknown dataset or a bad config fails here, not in the first step
 
     def sample(self, n_prompts: int, step: int) -> list[RolloutSpec]:
         specs = []
         for g in range(n_prompts):
             p = self.problems.problem(max(step, 0) * n_prompts + g)
-            specs.append(RolloutSpec(group=g, messages=p.messages(self.system), env_args=p.env_args(),
+            specs.append(RolloutSpec(group=g, messages=p.messages(self.system, self.example), env_args=p.env_args(),
                                      meta={"answer": p.answer, "index": p.index}))
         return specs
 
@@ -370,6 +375,38 @@ class ReasoningGymTrainTask:
         if rollout.status is not Status.COMPLETED:
             return 0.0
         return float(rollout.env_reward or 0.0)
+
+    # -- the warm start's teacher (TeacherTask) ---------------------------------------------------------------
+
+    def demo_specs(self) -> list[RolloutSpec]:
+        """`demos` train problems from a block GRPO never reaches (it takes problems from index 0 up), each
+        demonstrated once: run_python on the problem's expression, then the answer. Only datasets whose entries
+        carry their expression (reasoning-gym's arithmetic ones: basic_arithmetic, chain_sum, products, ...)."""
+        from tito.reasoning_gym_tasks import MAX_INDEX, entry
+
+        if self.problems.tools != "python":
+            raise ValueError("the reasoning_gym teacher demonstrates the run_python tool: set tools: python")
+        first = MAX_INDEX - self.demos
+        specs = []
+        for g in range(self.demos):
+            p = self.problems.problem(first + g)
+            expression = entry(p.dataset, p.config, p.split, p.seed, p.index)["metadata"].get("expression")
+            if not expression:
+                raise ValueError(f"reasoning-gym's {p.dataset!r} entries carry no 'expression' to demonstrate; "
+                                 "the warm start's teacher works on the arithmetic datasets (basic_arithmetic, "
+                                 "chain_sum, products): set warm_start.steps: 0 for this one")
+            specs.append(RolloutSpec(group=g, messages=p.messages(self.system, self.example), env_args=p.env_args(),
+                                     meta={"answer": p.answer, "index": p.index, "question": p.question,
+                                           "code": f"print({expression})"}))
+        return specs
+
+    def teacher_turn(self, meta: dict[str, Any], turn: int) -> str:
+        """Written in the Hermes/Qwen call format (the templates of the Qwen family; others need their own)."""
+        if turn == 0:
+            return tool_call_text(meta["code"])
+        if turn == 1:
+            return f"<answer>{meta['answer']}</answer><|im_end|>"
+        raise ValueError(f"the teacher has no turn {turn}")
 
 
 def make_task(name: str, params: dict[str, Any], *, seed: int, vocab_size: int) -> Task:
