@@ -28,11 +28,11 @@ import json
 import logging
 import os
 import uuid
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from tito.client import AsyncTitoClient
+from tito.integrations._clients import LoopClients
 from tito.rollout import turns
 from tito.rollout.generation import FinishReason, GenResult
 from tito.rollout.state import AbortCause, Rollout, Status
@@ -57,32 +57,18 @@ class TitoRolloutError(RuntimeError):
         self.session_id = session_id
 
 
-class _Connection:
-    """One tito client per (worker event loop, address, token), and its tokenizer registrations."""
-
-    def __init__(self, address: str, token: str | None) -> None:
-        self.client = AsyncTitoClient(address, token=token)
-        self.lock = asyncio.Lock()
-        self.registrations: dict[Any, TokenizerRegistration] = {}
-
-    async def register(self, key: Any, tokenizer: Any, kwargs: Mapping[str, Any]) -> TokenizerRegistration:
-        """RegisterTokenizer once per tokenizer, with the client's fingerprint check."""
-        async with self.lock:
-            if key not in self.registrations:
-                self.registrations[key] = await self.client.register_tokenizer(tokenizer, kwargs)
-            return self.registrations[key]
+# One LoopClients (a client per worker event loop, registered once) per (address, token, tokenizer, template
+# kwargs): a row may name a tokenizer folder of its own.
+_CLIENTS: dict[tuple, LoopClients] = {}
 
 
-# Keyed by the event loop (weakly: a closed loop's clients go with it), then by (address, token).
-_CONNECTIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple, _Connection]] = (
-    weakref.WeakKeyDictionary())
-
-
-def _connection(address: str, token: str | None) -> _Connection:
-    per_loop = _CONNECTIONS.setdefault(asyncio.get_running_loop(), {})
-    if (address, token) not in per_loop:
-        per_loop[(address, token)] = _Connection(address, token)
-    return per_loop[(address, token)]
+def _loop_clients(address: str, token: str | None, key: Any, tokenizer: Any,
+                  chat_template_kwargs: Mapping[str, Any]) -> LoopClients:
+    found = _CLIENTS.get((address, token, key))
+    if found is None:
+        found = _CLIENTS[(address, token, key)] = LoopClients(
+            address, tokenizer, chat_template_kwargs=chat_template_kwargs, client_kwargs={"token": token})
+    return found
 
 
 def _row_settings(extra_info: Any) -> dict[str, Any]:
@@ -134,10 +120,12 @@ class TitoAgentLoop(AgentLoopBase):
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
 
-    async def _registration(self, connection: _Connection, source: str | None) -> TokenizerRegistration:
-        tokenizer = source or self.tokenizer
+    async def _client(self, source: str | None) -> tuple[AsyncTitoClient, TokenizerRegistration]:
+        """The running loop's client for this address and token, registered with `source` (a tokenizer folder)
+        or verl's own tokenizer."""
         key = (source or id(self.tokenizer), json.dumps(self.chat_template_kwargs, sort_keys=True, default=str))
-        return await connection.register(key, tokenizer, self.chat_template_kwargs)
+        return await _loop_clients(self.address, self.token, key, source or self.tokenizer,
+                                   self.chat_template_kwargs).get()
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         row = _row_settings(kwargs.get("extra_info"))
@@ -146,15 +134,14 @@ class TitoAgentLoop(AgentLoopBase):
             raise ValueError("no tito environment: set `environment:` in the agent-loop yaml or "
                              "extra_info.tito.environment in the row")
         messages = _messages(kwargs.get("raw_prompt"))
-        connection = _connection(self.address, self.token)
-        registration = await self._registration(connection, row.get("tokenizer_path") or self.tokenizer_source)
+        client, registration = await self._client(row.get("tokenizer_path") or self.tokenizer_source)
         # The rollout's budget is the prompt plus rollout.response_length: generated and suffix ids share it.
         limits = TurnLimits(per_turn_cap=self.max_tokens_per_turn or self.response_length,
                             reserve=self.reserve_tokens, max_turns=self.max_turns)
         session = None
         rollout: Rollout | None = None
         try:
-            session = await connection.client.open_session(
+            session = await client.open_session(
                 environment, messages, fingerprint=registration.fingerprint,
                 env_args={**self.env_args, **row["env_args"]})
             prompt = list(session.prompt_ids)
