@@ -2,12 +2,14 @@
 paired bootstrap interval.
 
     python -m trainer.eval_compare runs/real/eval-base runs/real/eval-warmstart runs/real/eval-final \
-        [--labels base,warm-start,GRPO]
+        [--labels base,warm-start,GRPO] [--run runs/real --plot runs/real/curves.png]
 
 Each folder is an output of `python -m trainer.evaluate` (rollouts.jsonl, summary.json). The problems are matched
 by index, so each difference is paired: one bootstrap resample draws the same problems for both evaluations, which
 gives a tighter interval of the difference than two independent intervals would. A problem that an evaluation
 dropped counts as wrong there (it got no answer). Accuracy counts full marks only, as trainer.evaluate does.
+With --run and --plot, the training run's curves over its GRPO steps (metrics.jsonl): reward, solved share,
+tool-call share, refused call-shaped turns, step time.
 """
 
 from __future__ import annotations
@@ -70,10 +72,39 @@ def table(folders: list[str], labels: list[str]) -> str:
     return "\n".join(rows)
 
 
+CURVES = (("reward_mean", "mean reward"), ("solved_frac", "solved (full marks)"),
+          ("tool_call_frac", "rollouts that called a tool"), ("refused_attempt_frac", "call-shaped turns refused"),
+          ("step_time_s", "step time (s)"))
+
+
+def plot_run(run_dir: str | Path, path: str | Path) -> None:
+    """The training run's curves over its GRPO steps (metrics.jsonl), one panel each."""
+    from trainer.report import headless_pyplot
+
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "reward_mean" in r]
+    if not rows:
+        raise SystemExit(f"{run_dir}/metrics.jsonl has no GRPO step yet")
+    plt = headless_pyplot()
+    fig, axes = plt.subplots(len(CURVES), 1, figsize=(7, 2.0 * len(CURVES)), sharex=True)
+    steps = [r["step"] for r in rows]
+    for ax, (key, label) in zip(axes, CURVES):
+        ax.plot(steps, [r.get(key, float("nan")) for r in rows], marker="o")
+        ax.set_ylabel(label, fontsize=8)
+        if key != "step_time_s":
+            ax.set_ylim(-0.05, 1.05)
+    axes[-1].set_xlabel("GRPO step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", help="trainer.evaluate output folders, the baseline first")
     ap.add_argument("--labels", default=None, help="comma-separated names of the evaluations (default: the folders)")
+    ap.add_argument("--run", default=None, help="the training run's output folder (its metrics.jsonl)")
+    ap.add_argument("--plot", default=None, help="with --run: where to draw its curves (a .png)")
     args = ap.parse_args(argv)
     if len(args.folders) < 2:
         ap.error("give at least two evaluations: the baseline and one to compare with it")
@@ -81,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(labels) != len(args.folders):
         ap.error(f"{len(labels)} labels for {len(args.folders)} folders")
     print(table(args.folders, labels))
+    if args.run and args.plot:
+        plot_run(args.run, args.plot)
+        print(f"\ncurves of {args.run}: {args.plot}")
     return 0
 
 

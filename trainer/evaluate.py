@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import shutil
 import sys
 import tempfile
@@ -30,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from tito.reasoning_gym_tasks import ReasoningGymTask, load_example
+from trainer.report import CALL_SHAPED, turn_texts as report_turn_texts
 
-_ATTEMPT = re.compile(r"<tool_call>|```json|\{\s*\"name\"\s*:", re.IGNORECASE)
 
 
 def bootstrap_ci(values: list[float], *, samples: int = 2000, seed: int = 0) -> tuple[float, float]:
@@ -78,12 +77,9 @@ def summarize(records: list[dict[str, Any]], n_asked: int) -> dict[str, Any]:
 
 
 def _record(rollout, problem, decode) -> dict[str, Any]:
-    turn_texts, end = [], rollout.prompt_len
-    for t in rollout.turns:  # generated ids of each turn, then the env's suffix after it
-        text = decode(rollout.ids[end:end + t.generated])
-        turn_texts.append({"text": text, "tool_calls": t.tool_calls, "attempt": bool(_ATTEMPT.search(text)),
-                           "finish": t.finish_reason.name, "step": t.step_status.name if t.step_status else None})
-        end += t.generated + t.suffix_len
+    turn_texts = [{"text": text, "tool_calls": t.tool_calls, "attempt": bool(CALL_SHAPED.search(text)),
+                   "finish": t.finish_reason.name, "step": t.step_status.name if t.step_status else None}
+                  for t, text in zip(rollout.turns, report_turn_texts(rollout, decode))]
     return {"index": problem.index, "question": problem.question, "answer": problem.answer,
             "reward": float(rollout.env_reward or 0.0), "env_detail": rollout.env_detail,
             **{k: v for k, v in rollout.summary().items() if k not in ("reward", "env_detail")}, "turns": turn_texts}

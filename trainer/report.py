@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -56,11 +57,35 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def rollout_record(r: Rollout, rank: int) -> dict[str, Any]:
+# A turn "attempts" a call when it writes something call-shaped: a <tool_call> tag, a ```json fence or bare
+# {"name": ...} JSON. An attempt the parser took as no call is a refused one (the format the model must learn).
+CALL_SHAPED = re.compile(r"<tool_call>|```json|\{\s*\"name\"\s*:", re.IGNORECASE)
+
+
+def turn_texts(r: Rollout, decode) -> list[str]:
+    """The text of each assistant turn (its generated ids only), for reports; never re-encoded."""
+    texts, end = [], r.prompt_len
+    for t in r.turns:
+        texts.append(decode(r.ids[end:end + t.generated]))
+        end += t.generated + t.suffix_len
+    return texts
+
+
+def call_attempts(r: Rollout, decode) -> tuple[int, int]:
+    """(turns that wrote something call-shaped, those of them the parser took no call from)."""
+    shaped = [bool(CALL_SHAPED.search(text)) for text in turn_texts(r, decode)]
+    return sum(shaped), sum(s and not t.tool_calls for s, t in zip(shaped, r.turns))
+
+
+def rollout_record(r: Rollout, rank: int, decode=None) -> dict[str, Any]:
     """A rollout's line in rollouts.jsonl: its summary, the rank that ran it, and a digest of its
-    ids (equal digests: the same tokens, e.g. across a resumed and an uninterrupted run)."""
+    ids (equal digests: the same tokens, e.g. across a resumed and an uninterrupted run). With `decode`, also
+    its call-shaped turns and the refused ones (`call_attempts`)."""
     digest = hashlib.sha1(json.dumps([r.ids, r.mask]).encode()).hexdigest()[:16]
-    return {"rank": rank, **r.summary(), "ids_sha1": digest}
+    record = {"rank": rank, **r.summary(), "ids_sha1": digest}
+    if decode is not None:
+        record["call_attempts"], record["refused_attempts"] = call_attempts(r, decode)
+    return record
 
 
 @dataclass
@@ -122,10 +147,23 @@ def rollout_metrics(rollouts: list[dict[str, Any]], stats: BatchStats) -> dict[s
         "aborted_frac": stats.aborted_attempts / stats.attempts if stats.attempts else 0.0,
         "dropped": stats.dropped,
         "tool_calls_mean": mean(r["tool_calls"] for r in rollouts),
+        # Full marks (a scorer may give partial credit), and rollouts that called a tool at all.
+        "solved_frac": frac(lambda r: r["reward"] is not None and r["reward"] >= 1.0),
+        "tool_call_frac": frac(lambda r: r["tool_calls"] > 0),
         "turns_mean": mean(r["turns"] for r in rollouts),
         "gen_tokens_mean": mean(r["generated"] for r in rollouts),
         "len_mean": mean(r["len"] for r in rollouts),
+        **_refused(rollouts),
     }
+
+
+def _refused(rollouts: list[dict[str, Any]]) -> dict[str, float]:
+    """The share of call-shaped turns the parser refused (where the records carry `call_attempts`)."""
+    if not rollouts or "call_attempts" not in rollouts[0]:
+        return {}
+    attempts = sum(r["call_attempts"] for r in rollouts)
+    return {"call_attempts": attempts,
+            "refused_attempt_frac": sum(r["refused_attempts"] for r in rollouts) / attempts if attempts else 0.0}
 
 
 class ProgressBar:

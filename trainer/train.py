@@ -60,7 +60,7 @@ async def train(run: Run, cfg: TrainConfig) -> list[dict[str, Any]]:
             for r in rollouts:
                 r.reward = float(run.task.reward(r, run.decode))
             t1 = time.perf_counter()
-            part = report.StepPart([report.rollout_record(r, dist.rank) for r in rollouts], stats)
+            part = report.StepPart([report.rollout_record(r, dist.rank, run.decode) for r in rollouts], stats)
             # The whole batch (every rank's) sets the loss normalisers and whether to update at all.
             total_rollouts, total_tokens = (int(x) for x in dist.sum(len(rollouts),
                                                                      sum(r.num_generated for r in rollouts)))

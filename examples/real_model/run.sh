@@ -42,4 +42,4 @@ fi
     "$PY" -m trainer.evaluate --model "$OUT/checkpoint" --tokenizer "$MODEL" "${EVAL[@]}" --out "$OUT/eval-final"; }
 step "6. the figures"
 "$PY" -m trainer.eval_compare "$OUT/eval-base" "$OUT/eval-warmstart" "$OUT/eval-final" \
-    --labels "as fetched,warm-started,after GRPO" | tee "$OUT/comparison.md"
+    --labels "as fetched,warm-started,after GRPO" --run "$OUT" --plot "$OUT/curves.png" | tee "$OUT/comparison.md"

@@ -42,3 +42,35 @@ def test_the_table_names_each_evaluation_and_the_change(tmp_path, capsys):
         main([base])
     with pytest.raises(SystemExit, match="not a trainer.evaluate output"):
         main([base, str(tmp_path / "missing")])
+
+
+def test_the_run_curves_are_drawn_from_its_metrics(tmp_path):
+    from trainer.eval_compare import plot_run
+
+    rows = [{"step": s, "reward_mean": s / 4, "solved_frac": s / 5, "tool_call_frac": 1.0, "refused_attempt_frac": 0.0,
+             "step_time_s": 100.0} for s in range(1, 4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot_run(tmp_path, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(SystemExit, match="no GRPO step yet"):
+        plot_run(tmp_path, tmp_path / "none.png")
+
+
+def test_call_shaped_turns_the_parser_refused_are_counted():
+    from tito.rollout.generation import FinishReason
+    from tito.rollout.state import Rollout
+    from trainer.report import call_attempts, rollout_metrics, rollout_record
+    from trainer.rollout import BatchStats
+
+    texts = {1: '{"name": "run_python", "arguments": {}}', 2: "<tool_call>{}</tool_call>", 3: "<answer>4</answer>"}
+    r = Rollout(budget=20)
+    r.start([0, 0])
+    r.append_generated([1], [-0.1], FinishReason.STOP, 4)  # bare JSON: call-shaped, no call taken
+    decode = lambda ids: "".join(texts.get(i, "") for i in ids)  # noqa: E731 - a stand-in tokenizer's decode
+    assert call_attempts(r, decode) == (1, 1)
+    record = rollout_record(r, 0, decode)
+    assert record["call_attempts"] == 1 and record["refused_attempts"] == 1
+    metrics = rollout_metrics([record, {**record, "call_attempts": 1, "refused_attempts": 0}], BatchStats())
+    assert metrics["refused_attempt_frac"] == 0.5 and metrics["tool_call_frac"] == 0.0
+    assert "refused_attempt_frac" not in rollout_metrics([rollout_record(r, 0)], BatchStats())
