@@ -339,6 +339,9 @@ class CodingTasksTask:
         return float(rollout.env_reward or 0.0)
 
 
+DEMO_SEED_OFFSET = 100_000_000  # far from any run's seed and from the test split's block (tito.reasoning_gym_tasks)
+
+
 class ReasoningGymTrainTask:
     """reasoning-gym problems of the train split (tito.reasoning_gym_tasks), scored by the `reasoning_gym`
     environment with the dataset's own scorer (set env.environment: reasoning_gym). Step s takes problems
@@ -379,17 +382,20 @@ class ReasoningGymTrainTask:
     # -- the warm start's teacher (TeacherTask) ---------------------------------------------------------------
 
     def demo_specs(self) -> list[RolloutSpec]:
-        """`demos` train problems from a block GRPO never reaches (it takes problems from index 0 up), each
+        """`demos` train problems GRPO never draws (another seed of the train split), each
         demonstrated once: run_python on the problem's expression, then the answer. Only datasets whose entries
         carry their expression (reasoning-gym's arithmetic ones: basic_arithmetic, chain_sum, products, ...)."""
-        from tito.reasoning_gym_tasks import MAX_INDEX, entry
+        from tito.reasoning_gym_tasks import ReasoningGymTask, entry
 
         if self.problems.tools != "python":
             raise ValueError("the reasoning_gym teacher demonstrates the run_python tool: set tools: python")
-        first = MAX_INDEX - self.demos
+        # The train split at a seed far from the run's (reasoning-gym's item i of seed s is Random(s + i)'s): small
+        # indices, so the dataset that holds them is small (one of a far index takes seconds to make).
+        demo_seed = self.problems.seed + DEMO_SEED_OFFSET
+        source = ReasoningGymTask(self.problems.dataset, self.problems.config, "train", demo_seed, "python")
         specs = []
         for g in range(self.demos):
-            p = self.problems.problem(first + g)
+            p = source.problem(g)
             expression = entry(p.dataset, p.config, p.split, p.seed, p.index)["metadata"].get("expression")
             if not expression:
                 raise ValueError(f"reasoning-gym's {p.dataset!r} entries carry no 'expression' to demonstrate; "

@@ -41,7 +41,10 @@ class ReasoningGymEnvArgs(SandboxEnvArgs):
 
     @model_validator(mode="after")
     def _exists(self) -> ReasoningGymEnvArgs:
-        rgt.entry(self.dataset, self.config, self.split, self.seed, self.index)  # ValueError: the client's mistake
+        # The dataset and config checked on problem 0 (a ValueError: the client's mistake). Not the problem itself:
+        # a far index builds a large dataset (seconds), which must not happen on the server's event loop; the
+        # scorer makes it in a thread at the end.
+        rgt.entry(self.dataset, self.config, self.split, self.seed, 0)
         return self
 
 

@@ -224,14 +224,15 @@ def test_sft_micro_batches_accumulate_the_same_gradient_as_one_pass(built):
 
 def test_reasoning_gym_teacher_demonstrations_call_the_tool_and_score_one(server, tok):
     pytest.importorskip("reasoning_gym", reason="reasoning-gym is the reasoning extra")
-    from trainer.tasks import make_task
+    from trainer.tasks import DEMO_SEED_OFFSET, make_task
 
     files, tokenizer = tok
     task = make_task("reasoning_gym", {"dataset": "basic_arithmetic", "tools": "python", "demos": 2,
                                        "example": "examples/real_model/worked_example.json"}, seed=3, vocab_size=2)
     specs = task.demo_specs()
-    # Drawn from a block GRPO's steps never reach, each opening with the worked example's four turns.
-    assert all(s.env_args["index"] >= 900_000 for s in specs) and len(specs[0].messages) == 5
+    # Drawn from another seed of the train split than GRPO's, each opening with the worked example's four turns.
+    assert all(s.env_args["seed"] == 3 + DEMO_SEED_OFFSET and s.env_args["split"] == "train" for s in specs)
+    assert [s.env_args["index"] for s in specs] == [0, 1] and len(specs[0].messages) == 5
     assert specs[0].meta["code"].startswith("print(") and task.teacher_turn(specs[0].meta, 0).startswith("<tool_call>")
 
     async def run():
