@@ -26,6 +26,10 @@ class ModelConfig(_Strict):
     activation_checkpointing: bool = Field(
         False, description="Recompute each decoder layer's activations in the backward pass instead of keeping "
         "them (transformers' gradient checkpointing, non-reentrant): less memory, ~1/3 more compute per micro-step.")
+    freeze: list[str] = Field(
+        default_factory=list, description="Parameter-name prefixes kept frozen: no gradient and no optimizer state "
+        "(e.g. [model.embed_tokens, lm_head]: 2 x 136M parameters of a Qwen2.5-0.5B, 3.3 GB of fp32 gradients and "
+        "AdamW state). The generation backend still gets every weight.")
 
     @model_validator(mode="after")
     def _tiny_only(self) -> ModelConfig:
@@ -214,6 +218,9 @@ class TrainConfig(_Strict):
                              f"{self.backend!r}: remove it, or set backend: transformers")
         if not self.fsdp:
             return self
+        if self.model.freeze:
+            raise ValueError("model.freeze needs distributed.strategy: replicate (fsdp shards frozen and trained "
+                             "parameters together)")
         if self.warm_start.steps > 0:
             raise ValueError("warm_start.steps > 0 needs distributed.strategy: replicate: the warm start trains the "
                              "whole model on rank 0, which fsdp exists to avoid. Warm-start with replicate, then "

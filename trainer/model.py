@@ -161,3 +161,24 @@ def collate(rollouts: list[Rollout], advantages: torch.Tensor, pad_id: int, devi
         input_ids=ids.to(device), mask=mask[:, 1:].to(device), old_logp=lp[:, 1:].to(device),
         advantages=advantages.to(device),
     )
+
+
+def freeze_parameters(model: torch.nn.Module, prefixes: list[str]) -> int:
+    """Turns off the gradient of every parameter whose name is one of `prefixes` or lies below one; returns how
+    many parameters (elements) stay trainable. A prefix that names no parameter is a mistake, said with the names
+    there are."""
+    named = dict(model.named_parameters(remove_duplicate=False))  # a tied lm_head is named too
+    for prefix in prefixes:
+        hit = [p for name, p in named.items() if name == prefix or name.startswith(prefix + ".")]
+        if not hit:
+            tops = sorted({".".join(name.split(".")[:2]) for name in named})
+            raise ValueError(f"model.freeze: no parameter of {type(model).__name__} is {prefix!r} or lies below it; "
+                             f"its parameters start with: {', '.join(tops[:12])}")
+        for p in hit:
+            p.requires_grad_(False)
+    return sum(p.numel() for p in trainable(model))
+
+
+def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The parameters the optimizer steps (not `model.freeze`'s)."""
+    return [p for p in model.parameters() if p.requires_grad]

@@ -25,7 +25,7 @@ from tito.types import TokenizerRegistration
 from trainer import distributed
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
-from trainer.model import load_model
+from trainer.model import freeze_parameters, load_model
 from trainer.tasks import Decode, Encode, Task, make_task
 
 log = logging.getLogger(__name__)
@@ -196,6 +196,10 @@ async def _open_run(cfg: TrainConfig, dist: Dist) -> AsyncIterator[Run]:
     load_on = ("cpu" if dist.is_main else "meta") if cfg.fsdp else str(device)
     model = load_model(cfg.model.path, vocab_size=vocab, seed=cfg.seed, device=load_on,
                        dtype=cfg.model.dtype, head_dim=cfg.model.head_dim)
+    if cfg.model.freeze:
+        trainable = freeze_parameters(model, cfg.model.freeze)
+        log.info("model.freeze %s: %.0fM of %.0fM parameters train", cfg.model.freeze, trainable / 1e6,
+                 sum(p.numel() for p in model.parameters()) / 1e6)
     if cfg.backend == "vllm":
         from trainer.backends.vllm_backend import check_model
 

@@ -20,7 +20,8 @@ from trainer import checkpoint, fsdp, report
 from trainer.backends.seeding import StepSeeds
 from trainer.config import TrainConfig
 from trainer.grpo import LossConfig, group_advantages, grpo_loss
-from trainer.model import RolloutBatch, collate, enable_activation_checkpointing, filler_batch, target_logprobs
+from trainer.model import (RolloutBatch, collate, enable_activation_checkpointing, filler_batch, target_logprobs,
+                           trainable)
 from trainer.rollout import RolloutLimits, run_rollouts
 from trainer.setup import Run
 from trainer.trackers import Trackers
@@ -40,7 +41,7 @@ async def train(run: Run, cfg: TrainConfig) -> list[dict[str, Any]]:
     if warm and dist.is_main:
         await run_warm_start(run, cfg, limits, out)
     ref_model = prepare_policy(run, cfg)
-    optimizer = torch.optim.AdamW(run.model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(trainable(run.model), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     done, history = checkpoint.restore(cfg.resume_from, run, optimizer, ref_model, out) \
         if cfg.resume_from else (0, [])
     with Trackers(cfg, out, start_step=done + 1, warm_start=warm, enabled=dist.is_main) as trackers, \

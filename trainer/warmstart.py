@@ -38,7 +38,7 @@ from tito.rollout.state import Rollout, Status, TruncationCause
 from trainer import report
 from trainer.backends.scripted import ScriptedBackend
 from trainer.config import TrainConfig, WarmStartConfig
-from trainer.model import collate, target_logprobs
+from trainer.model import collate, target_logprobs, trainable
 from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
 from trainer.tasks import Encode, TeacherTask, answers_from_head
 
@@ -168,7 +168,7 @@ def warm_start(model, demos: list[Rollout], cfg: WarmStartConfig, *, pad_id: int
                out_dir: Path | None = None, seed: int = 0, progress: bool = True
                ) -> list[dict[str, Any]]:
     """`cfg.steps` AdamW steps of SFT on `demos`; writes warmstart.jsonl (+ .png) to out_dir."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(trainable(model), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     rng = random.Random(f"warm_start:{seed}")
     bs = cfg.batch_size or len(demos)
     history: list[dict[str, Any]] = []

@@ -252,3 +252,22 @@ def test_reasoning_gym_teacher_demonstrations_call_the_tool_and_score_one(server
     assert all(r["teacher_turns"][1] == f"<answer>{s.meta['answer']}</answer><|im_end|>" for r, s in zip(records, specs))
     with pytest.raises(ValueError, match="no 'expression'"):
         make_task("reasoning_gym", {"dataset": "gcd"}, seed=0, vocab_size=2).demo_specs()
+
+
+def test_frozen_parameters_get_no_gradient_and_no_optimizer_state(built):
+    from trainer.model import freeze_parameters, trainable
+
+    _, _, demos, _, _, _, _ = built
+    model = build_tiny_qwen3(seed=1)
+    total = sum(p.numel() for p in model.parameters())
+    left = freeze_parameters(model, ["model.embed_tokens", "lm_head"])
+    assert left == sum(p.numel() for p in trainable(model)) < total
+    embed = model.get_input_embeddings().weight.detach().clone()
+    warm_start(model, [d for d in demos if d.tool_calls], WarmStartConfig(steps=2, learning_rate=1e-2), pad_id=0,
+               device="cpu", progress=False)
+    assert torch.equal(model.get_input_embeddings().weight, embed)  # frozen: not stepped
+    assert model.get_input_embeddings().weight.grad is None
+    with pytest.raises(ValueError, match="no parameter of Qwen3ForCausalLM is 'model.embedding'"):
+        freeze_parameters(model, ["model.embedding"])
+    with pytest.raises(ValueError, match="model.freeze needs distributed.strategy: replicate"):
+        load_config(None, ["model.freeze=[lm_head]", "distributed.strategy=fsdp"])
