@@ -5,8 +5,8 @@ It is transformers' own configuration: ``apply_chat_template`` compiles a templa
 ``tojson`` filter and its globals (``raise_exception``, ``strftime_now``), and vLLM renders through
 it. tito compiles every template with that configuration (the same options, extensions, filters, tests
 and globals, so the same generated code: checked at compile time), so a template renders here exactly as it
-does there. tito's environment is a subclass of the same sandbox class that answers four of its checks
-(attribute verdicts, attribute reads of dicts, calls of builtins and of macros) faster with the same answers
+does there. tito's environment is a subclass of the same sandbox class that answers five of its checks
+(attribute verdicts, attribute reads of dicts, calls of builtins, of macros and of ``namespace``/``range``) faster with the same answers
 (``_FastChecks``): a Step renders a whole synthetic conversation, and these checks took about a third of that
 render's time (the Kimi K2 templates after 8 calls).
 
@@ -31,7 +31,7 @@ from typing import Any
 
 from jinja2 import nodes
 from jinja2.runtime import Context, LoopContext, Macro
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment, safe_range
 from jinja2.utils import Namespace, _PassArg
 from transformers.utils.chat_template_utils import _compile_jinja_template
 
@@ -55,13 +55,20 @@ _FORMAT_CHECKED_AT_READ = hasattr(SandboxedEnvironment, "wrap_str_format")
 # checked here, not assumed).
 _MACRO_TAKES_EVAL_CONTEXT = (_PassArg.from_obj(Macro) is None
                              and _PassArg.from_obj(Macro.__call__) is _PassArg.eval_context)
+# The sandbox's globals that templates call at every render (namespace(...): Gemma 4's template ten times; range(...)):
+# the sandbox finds nothing unsafe on them and Context.call passes them no context (neither they nor their
+# __call__ take one: checked here, not assumed), so they are called as builtins are.
+# By identity (ids of objects that live as long as jinja2): `in` on the objects would call a template value's __eq__.
+_PLAIN_GLOBALS = frozenset(id(f) for f in (Namespace, safe_range)
+                           if _PassArg.from_obj(f) is None and _PassArg.from_obj(f.__call__) is None
+                           and SandboxedEnvironment().is_safe_callable(f))
 # A dict's attributes are its class's (an exact dict has no instance attributes and no __getattr__): any other name
 # read as `d.name` is a lookup of the key, as the sandbox's getattr does after getattr(d, name) fails.
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 
 
 class _FastChecks:
-    """Four of the sandbox's paths, answered as the sandbox answers them, faster.
+    """Five of the sandbox's paths, answered as the sandbox answers them, faster.
 
     - ``is_safe_attribute`` of an object of a plain type is memoized per (type, attribute name).
     - ``call`` of a builtin function or bound builtin method: such an object has no attributes of its own (no
@@ -74,6 +81,7 @@ class _FastChecks:
       memoized verdict, without the ``str.format`` check (a dict's attribute is never a string's method).
     - ``call`` of a template's own macro: the sandbox finds nothing unsafe on it (a template cannot set an attribute
       on a macro), and it is called as ``Context.call`` calls it: with the evaluation context first.
+    - ``call`` of ``namespace`` or ``range`` (the sandbox's globals): called as a builtin is (``_PLAIN_GLOBALS``).
     Everything else goes to the sandbox's own methods."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -108,6 +116,8 @@ class _FastChecks:
             function = __obj
         elif kind is Macro and _MACRO_TAKES_EVAL_CONTEXT:
             function, args = __obj.__call__, (__context.eval_ctx, *args)
+        elif id(__obj) in _PLAIN_GLOBALS:
+            function = __obj
         else:
             return super().call(__context, __obj, *args, **kwargs)  # type: ignore[misc]
         kwargs.pop("_block_vars", None)

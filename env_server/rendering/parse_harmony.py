@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 
-from .parse_json import arguments_text
 from .calls import _DECODER, _WS, Parsed, RawCall, WireFormat, short
+from .json_arguments import arguments_text
 from .values import ToolIndex
 
 _HEADER = re.compile(

@@ -3,9 +3,7 @@
 The JSON parser decides where a call ends: a call region starts at the family's marker, and
 ``json.JSONDecoder.raw_decode`` reads the value from there, so markup inside a string value
 (a file holding ``</tool_call>`` or a whole ``<tool_call>`` block) is part of the value, never a
-boundary, and never a second call. Two shapes, each a table of families:
-
-- ``JsonCalls``: call objects ``{"name": ..., "arguments": {...}}`` (or a list of them) after a marker:
+boundary, and never a second call. One table of families (``JsonCalls``): call objects ``{"name": ..., "arguments": {...}}`` (or a list of them) after a marker:
   ``hermes`` (Qwen2.5/3 ``<tool_call>...</tool_call>``), ``qwen_coder`` (``<tools>``), ``internlm2``
   (``<|action_start|><|plugin|>``), ``minimax_m1`` (``<tool_calls>``, one object per line),
   ``nemotron_json`` (``<TOOLCALL>[...]</TOOLCALL>``), ``granite`` (``<|tool_call|>[...]``), ``mistral_v3``
@@ -13,63 +11,24 @@ boundary, and never a second call. Two shapes, each a table of families:
   bare objects its template writes for past calls), and
   the bare ones, found after prose too: ``llama3`` (``{"name", "parameters"}``, optionally after
   ``<|python_tag|>``; Llama 4 writes several back to back) and ``json_list`` (xLAM's ``[{...}]``).
-- ``NamedCalls``: a marker, the name, a separator, the arguments object: ``deepseek``
-  (``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` + fenced JSON, or V3.1's
-  ``NAME<｜tool▁sep｜>{...}``),
-  ``kimi`` (``<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{...}<|tool_call_end|>``,
-  the written ``functions.NAME:0`` is the call id), ``mistral`` (``[TOOL_CALLS]NAME[ARGS]{...}``, with
-  ``[CALL_ID]ID`` since Mistral Small 3.2).
 
-Gemma 4's JSON dialect is read in parse_gemma4.py.
+Named calls (a marker, the name, then the arguments object: DeepSeek, Kimi, Mistral v11) are read in
+parse_named.py, with the same reader of arguments (json_arguments.py). Gemma 4's JSON dialect is read in parse_gemma4.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from .calls import _DECODER, _WS, Parsed, RawCall, WireFormat, json_object_spans, outside, short
-from .values import ToolIndex, arguments_json, retype
+from .json_arguments import arguments_text, decode_value
+from .parse_named import MISTRAL_V11, parse_named_calls
+from .values import ToolIndex
 
 _SEPARATORS = re.compile(r"[ \t\n\r]*[,;]?[ \t\n\r]*")
-
-
-def _not_json(text: str, pos: int, error: Exception) -> str:
-    msg = error.msg if isinstance(error, json.JSONDecodeError) else "nested too deeply"
-    at = error.pos - pos if isinstance(error, json.JSONDecodeError) else 0
-    return f"the tool call is not valid JSON ({msg} at char {at}): {short(text[pos:].strip())}"
-
-
-def _decode(text: str, pos: int) -> tuple[Any, int]:
-    """One JSON value at ``pos``: (value, end). Raises ValueError with a message for the model."""
-    try:
-        return _DECODER.raw_decode(text, pos)
-    except (json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(_not_json(text, pos, e)) from None
-
-
-def typed_arguments(name: str, fields: dict[str, tuple[Any, str]], raw: str, tools: ToolIndex | None) -> str:
-    """The arguments text: as written, unless the schema retypes a value (``"days": "3"`` for an integer)."""
-    values = {k: v for k, (v, _) in fields.items()}
-    typed = {k: retype(tools, name, k, v) for k, v in values.items()}
-    return raw if typed == values and all(type(typed[k]) is type(values[k]) for k in typed) else arguments_json(typed)
-
-
-def arguments_text(name: str, raw: str, tools: ToolIndex | None, example: str) -> tuple[str, str | None]:
-    """(arguments, error) from the JSON text of an arguments object (or a JSON string holding one)."""
-    text = raw.strip()
-    try:
-        fields = json_object_spans(text)
-    except ValueError as e:
-        try:  # the object encoded a second time, as a JSON string
-            inner = json.loads(text)
-            fields, text = json_object_spans(inner), inner
-        except (ValueError, TypeError, RecursionError):
-            return "", f"the arguments of {name or 'the call'} are not valid JSON ({e}): {short(text)}; write {example}"
-    return typed_arguments(name, fields, text, tools), None
 
 
 # ---------------------------------------------------------------- call objects
@@ -137,7 +96,7 @@ def _values(text: str, pos: int, fmt: JsonCalls, tools: ToolIndex | None) -> tup
     while at < len(text) and text[at] in "[{" and (not calls or _CALL_OBJECT.match(text, at)
                                                     or _CALL_LIST.match(text, at)):
         if text[at] == "{":
-            _, end = _decode(text, at)
+            _, end = decode_value(text, at)
             calls.append(_call_object(fmt, text[at:end], tools))
         else:
             end = _list(text, at, fmt, tools, calls)
@@ -147,7 +106,7 @@ def _values(text: str, pos: int, fmt: JsonCalls, tools: ToolIndex | None) -> tup
 
 def _list(text: str, pos: int, fmt: JsonCalls, tools: ToolIndex | None, calls: list[RawCall]) -> int:
     """Read a JSON list of call objects at ``pos`` into ``calls``; returns its end. Raises ValueError."""
-    _, end = _decode(text, pos)  # the whole list must be JSON
+    _, end = decode_value(text, pos)  # the whole list must be JSON
     at = _WS.match(text, pos + 1).end()
     while text[at] != "]":
         _, item_end = _DECODER.raw_decode(text, at)
@@ -242,88 +201,6 @@ def _fenced(text: str, start: int, end: int, fences: tuple[str, ...]) -> tuple[i
     return start, end
 
 
-# ---------------------------------------------------------------- named calls: marker, name, arguments
-
-
-@dataclass(frozen=True)
-class NamedCalls:
-    """``OPEN head ARGS [CLOSE]``: the head names the tool (and the call id); the JSON decides where the
-    arguments end."""
-
-    name: str
-    family: str
-    open: str  # before each call
-    head: re.Pattern  # from after ``open`` through the start of the arguments: groups ``name`` and ``id``
-    example: str
-    close: str = ""  # after each call's arguments
-    section: tuple[str, ...] = ()  # markers around the calls, not content
-    chained: bool = False  # a call may follow the previous one without a new ``open`` (Mistral)
-    fence: bool = False  # the arguments may sit in a ```json fence (DeepSeek V3)
-
-
-def _named_call(fmt: NamedCalls, text: str, pos: int, tools: ToolIndex | None) -> tuple[RawCall, int]:
-    """The call whose head starts at ``pos``: (call, end). Raises ValueError for a head that does not read."""
-    m = fmt.head.match(text, pos)
-    if not m:
-        raise ValueError(f"the tool call has no name and arguments marker: {short(text[pos:].strip(), 80)!r}")
-    groups = m.groupdict()
-    name = (groups.get("name") or groups.get("name2") or "").strip()
-    written_id = (groups.get("id") or "").strip()
-    at = _WS.match(text, m.end()).end()
-    if fmt.fence and text.startswith("```", at):  # ```json\n
-        newline = text.find("\n", at)
-        at = newline + 1 if newline >= 0 else at + 3
-    try:
-        value, end = _decode(text, at)
-    except ValueError as e:
-        return RawCall(name, "", f"{e}; write {fmt.example}", written_id), _named_end(text, at, fmt)
-    if not isinstance(value, dict):
-        arguments, error = arguments_text(name, value if isinstance(value, str) else text[at:end], tools, fmt.example)
-    else:
-        arguments, error = arguments_text(name, text[at:end], tools, fmt.example)
-    after = _WS.match(text, end).end()
-    if fmt.fence and text.startswith("```", after):
-        after = _WS.match(text, after + 3).end()
-    if fmt.close:
-        if not text.startswith(fmt.close, after):
-            error = error or f"the call to {name} was not closed with {fmt.close}; write {fmt.example}"
-            return RawCall(name, arguments if not error else "", error, written_id), _named_end(text, end, fmt)
-        end = after + len(fmt.close)
-    return RawCall(name, arguments, error, written_id), end
-
-
-def _named_end(text: str, pos: int, fmt: NamedCalls) -> int:
-    """Where a call that does not read ends: after its close marker, or where the next call starts."""
-    close = text.find(fmt.close, pos) if fmt.close else -1
-    following = text.find(fmt.open, pos)
-    if following >= 0 and (close < 0 or following < close):
-        return following
-    return close + len(fmt.close) if close >= 0 else len(text)
-
-
-def parse_named_calls(fmt: NamedCalls, text: str, tools: ToolIndex | None = None, strict: bool = False) -> Parsed:
-    spans: list[tuple[int, int, int]] = []
-    calls: list[RawCall] = []
-    pos = 0
-    while (start := text.find(fmt.open, pos)) >= 0:
-        at = start + len(fmt.open)
-        while True:
-            try:
-                call, end = _named_call(fmt, text, at, tools)
-            except ValueError as e:
-                call, end = RawCall("", "", f"{e}; write {fmt.example}"), _named_end(text, at, fmt)
-            calls.append(call)
-            if not (fmt.chained and fmt.head.match(text, _WS.match(text, end).end())):
-                break
-            at = _WS.match(text, end).end()
-        spans.append((start, end, end))
-        pos = max(end, start + 1)
-    content = outside(text, spans)
-    for marker in fmt.section:
-        content = content.replace(marker, "")
-    return content.strip(), None, calls
-
-
 # ---------------------------------------------------------------- the families
 
 _OBJ = '{"name": "<tool name>", "arguments": {...}}'
@@ -354,32 +231,6 @@ JSON_FAMILIES = (
     JsonCalls("llama3", "llama3", ("<|python_tag|>",), '{"name": "<tool name>", "parameters": {...}}',
               bare=_CALL_OBJECT, arg_keys=("parameters", "arguments")),
 )
-
-# Mistral v11+: NAME, an optional [CALL_ID]ID, then [ARGS] — or the arguments' '{' at once where the text was
-# decoded without control tokens ([ARGS] is one), as vLLM's parser tests write it: [TOOL_CALLS]add{"a": 3.5}.
-_MISTRAL_HEAD = re.compile(r"\s*(?P<name>[^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*(?P<id>[^\s\[\]{}]+)\s*)?"
-                           r"(?:\[ARGS\]|(?=\{))")
-_DS_BEGIN, _DS_END, _DS_SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
-_DS_CALLS = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
-
-NAMED_FAMILIES = (
-    NamedCalls(
-        "deepseek", "deepseek", _DS_BEGIN,
-        # V3: function<sep>NAME\n```json\n{..}\n```  |  V3.1: NAME<sep>{..}
-        re.compile(r"(?:function)?" + _DS_SEP + r"(?P<name>[^\n<]+)\n(?=```)|(?P<name2>[^<\n]+?)" + _DS_SEP),
-        f"{_DS_CALLS[0]}{_DS_BEGIN}function{_DS_SEP}<tool name>\n```json\n{{...}}\n```{_DS_END}{_DS_CALLS[1]}",
-        close=_DS_END, section=_DS_CALLS, fence=True),
-    NamedCalls(
-        "kimi", "kimi", "<|tool_call_begin|>",
-        re.compile(r"\s*(?P<id>(?:functions\.)?(?P<name>[^\s:<]+)(?::\d+)?)\s*<\|tool_call_argument_begin\|>"),
-        "<|tool_calls_section_begin|><|tool_call_begin|>functions.<tool name>:0<|tool_call_argument_begin|>{...}"
-        "<|tool_call_end|><|tool_calls_section_end|>",
-        close="<|tool_call_end|>", section=("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")),
-    NamedCalls(
-        "mistral", "mistral", "[TOOL_CALLS]",
-        _MISTRAL_HEAD, "[TOOL_CALLS]<tool name>[ARGS]{...}", chained=True),
-)
-_MISTRAL_V11 = NAMED_FAMILIES[-1]
 _MISTRAL_V3 = next(f for f in JSON_FAMILIES if f.name == "mistral_v3")
 
 
@@ -392,7 +243,7 @@ def parse_mistral_v3(text: str, tools: ToolIndex | None = None, strict: bool = F
     if at >= 0:
         first = _WS.match(text, at + len("[TOOL_CALLS]")).end()
         if first < len(text) and text[first] not in "[{":
-            return parse_named_calls(_MISTRAL_V11, text, tools, strict)
+            return parse_named_calls(MISTRAL_V11, text, tools, strict)
     return parse_json_calls(_MISTRAL_V3, text, tools, strict)
 
 
@@ -401,13 +252,7 @@ def _json_format(fmt: JsonCalls) -> WireFormat:
                       fmt.example, fmt.family, bare=fmt.bare is not None)
 
 
-def _named_format(fmt: NamedCalls) -> WireFormat:
-    return WireFormat(fmt.name, lambda text, tools=None, strict=False: parse_named_calls(fmt, text, tools, strict),
-                      fmt.example, fmt.family)
-
-
 FORMATS = (
-    *(_named_format(f) for f in NAMED_FAMILIES),
     *(_json_format(f) if f is not _MISTRAL_V3 else
       WireFormat(f.name, parse_mistral_v3, f.example, f.family) for f in JSON_FAMILIES),
 )

@@ -9,8 +9,8 @@ closing tag, even one inside the value; it covers nothing for DeepSeek, Kimi, Mi
 Seed-OSS. vLLM's and SGLang's parsers are regular expressions per family with the same first-closer
 rule, and llama.cpp's PEG parsers read a value ``until`` its closer; none of them can tell a value
 that holds a call from a call. So the boundaries here come from each family's grammar:
-- JSON formats (``parse_json``): ``json``'s own decoder reads each call from its marker, so the
-  JSON decides where it ends;
+- JSON formats (``parse_json``, ``parse_named``): ``json``'s own decoder reads each call (or its arguments)
+  from its marker, so the JSON decides where it ends;
 - XML formats (``parse_xml``): a value ends only at a closing tag the grammar allows there, checked
   against the tool's declared parameters and the rest of the completion (backtracking);
 - pythonic formats (``parse_pythonic``): Python's own parser (``ast``) reads the call list.
@@ -33,12 +33,12 @@ well-formed call is never read differently. Strict, these get the grammar's erro
 
 from __future__ import annotations
 
-from . import parse_gemma4, parse_harmony, parse_json, parse_pythonic, parse_xml
+from . import parse_gemma4, parse_harmony, parse_json, parse_named, parse_pythonic, parse_xml
 from .calls import WireFormat
 
 
 def formats() -> dict[str, WireFormat]:
     """Every wire format, in the order registration tries them: marked formats first, bare ones last."""
-    every = (parse_harmony.FORMATS + parse_gemma4.FORMATS + parse_json.FORMATS + parse_xml.FORMATS
-             + parse_pythonic.FORMATS)
+    every = (parse_harmony.FORMATS + parse_gemma4.FORMATS + parse_named.FORMATS + parse_json.FORMATS
+             + parse_xml.FORMATS + parse_pythonic.FORMATS)
     return {f.name: f for f in sorted(every, key=lambda f: f.bare)}

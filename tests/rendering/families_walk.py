@@ -235,7 +235,7 @@ def markdown(rows: list[Row]) -> str:
         "and each further one gets a tool message saying the format allows one call per turn.",
         "",
         "**Render engine.** Every template renders in transformers' Jinja configuration and sandbox (what",
-        "`apply_chat_template` and vLLM use; tito's subclass of the sandbox answers four of its checks faster, with",
+        "`apply_chat_template` and vLLM use; tito's subclass of the sandbox answers five of its checks faster, with",
         "the same answers), at registration and at every Step alike. A template that calls a",
         "method changing a list it builds (`.append`, `.pop`: llama.cpp's Kimi K2 Instruct and Thinking copies, made",
         "for llama.cpp's engine) is refused by transformers' sandbox (`SecurityError`), so neither transformers nor",

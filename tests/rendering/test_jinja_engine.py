@@ -81,6 +81,9 @@ PROBES = [
     "{% macro w() %}[{{ caller() }}]{% endmacro %}{% call w() %}in{% endcall %}",
     "{% macro k(x) %}{{ x.k }}{{ x.zz is defined }}{% endmacro %}{% for x in l %}{{ k(x) }}{% endfor %}",
     "{% macro k() %}{{ nxt(it) }}{% endmacro %}{{ k() is defined }}",
+    # namespace and range called as builtins are: with arguments of every kind, in a loop, refused by range
+    "{% for x in l %}{% set n = namespace({'a': 1}, b=x) %}{{ n.a }}{{ n.b }}{{ range(1, 9, 3) | list }}{% endfor %}",
+    "{{ range(10 ** 9) }}", "{{ range('a') }}", "{{ namespace(1) }}", "{{ namespace.__init__ }}",
 ]
 
 
