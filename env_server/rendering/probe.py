@@ -5,7 +5,7 @@ Steps, each named in a refusal:
    output all present); tried with arguments as a mapping, then as JSON text (a JSON-text template
    raises on a mapping or prints its Python repr), content "" then None, no system message then
    one, tito's call ids, then 9-character alphanumeric ones, then Kimi's functions.NAME:IDX (a template
-   that writes the call's id and not its name).
+   that writes the call's id and not its name: any other id it writes before the arguments is passed over).
 2. parallel calls: two calls in one message must render both, else one call per turn.
 3. reasoning: the field whose text the template writes in a call turn, and the tags around it.
 4. stop tokens, from renders: the token that ends a plain answer (or, if the template never
@@ -113,6 +113,11 @@ class Probe:
             return "it printed the arguments' Python repr (it wants JSON text)"
         if style.json_args and '\\"word\\"' in text:
             return "it encoded the JSON-text arguments a second time"
+        before_args = text[:text.find(_ARG)]
+        if style.ids != "kimi" and style.call_id(0, 0, "lookup") in before_args and "lookup" not in before_args:
+            # It writes the id where the name belongs (llama.cpp's Kimi K2 Thinking before its current copy): the
+            # name must reach the model through the id, in the family's form (kimi ids), tried after these.
+            return "it writes the call's id, not its name, before the arguments"
         return None
 
     # ---------------------------------------------------------------- 2. parallel calls
