@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-from tito.types import Message, ToolCall
-
 from .helpers import REGISTRY, TOOLS, Turn, files_for, walk
 
 # ---------------------------------------------------------------- Kimi K2 Thinking, llama.cpp before its current copy
@@ -52,3 +50,61 @@ def test_kimi_thinking_0c3c896_walks_three_rounds_exactly():
     assert "<|tool_call_begin|>functions.lookup:2<|tool_call_argument_begin|>" in text
     assert "## Return of functions.get_weather:3\nsunny" in text
 
+
+# ---------------------------------------------------------------- Nemotron JSON (vLLM's example template)
+
+# vLLM's examples/tool_chat_template_nemotron_json.jinja (vllm-project/vllm 4b6abc6; in none of the vllm sdists
+# checked: 0.8.5, 0.9.2, 0.10.1.1, 0.11.0, 0.20.0, 0.33.0, so it cannot be pinned) takes a last assistant message as
+# a prefill: it writes only its stripped content after the generation prompt '<SPECIAL_11>Assistant\n<think>\n' and
+# drops its calls. Past assistant turns are '<SPECIAL_11>Assistant\n' + content + '<TOOLCALL>[{"name": ...,
+# "arguments": ...}]</TOOLCALL>' + '\n<SPECIAL_12>\n'; results are one user turn '<TOOL_RESPONSE>[out, out]'. This is
+# that shape, written for tito from those facts (in memory only).
+NEMOTRON_JSON_SHAPE = (
+    "{{- '<SPECIAL_10>System\\n' + (messages[0].content if messages[0].role == 'system' else '') }}"
+    "{%- if tools %}{{- '<AVAILABLE_TOOLS>[' }}{%- for t in tools %}{{- t.function | tojson }}"
+    "{{- ', ' if not loop.last else '' }}{%- endfor %}{{- ']</AVAILABLE_TOOLS>' }}{%- endif %}{{- '\\n' }}"
+    "{%- set messages = messages[1:] if messages[0].role == 'system' else messages %}"
+    "{%- set ns = namespace(last='') %}"
+    "{%- if messages[-1].role == 'assistant' %}{%- set ns.last = messages[-1].content.strip() %}"
+    "{%- set messages = messages[:-1] %}{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'user' %}{{- '<SPECIAL_11>User\\n' + m.content.strip() + '\\n' }}"
+    "{%- elif m.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<SPECIAL_11>User\\n<TOOL_RESPONSE>[' }}"
+    "{%- endif %}{{- m.content }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- ']</TOOL_RESPONSE>\\n' }}"
+    "{%- else %}{{- ', ' }}{%- endif %}"
+    "{%- elif m.role == 'assistant' %}"
+    "{%- set content = m.content.split('</think>')[-1].strip() %}{{- '<SPECIAL_11>Assistant\\n' + content }}"
+    "{%- if m.tool_calls %}{{- '\\n\\n' if content else '' }}{{- '<TOOLCALL>[' }}{%- for c in m.tool_calls %}"
+    "{{- '{\"name\": \"' + c.function.name + '\", \"arguments\": ' }}"
+    "{{- c.function.arguments if c.function.arguments is string else c.function.arguments | tojson }}"
+    "{{- '}' + (', ' if not loop.last else '') }}{%- endfor %}{{- ']</TOOLCALL>' }}{%- endif %}"
+    "{{- '\\n<SPECIAL_12>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<SPECIAL_11>Assistant\\n<think>\\n' + ns.last }}"
+    "{%- elif ns.last %}{{- '<SPECIAL_11>Assistant\\n<think>\\n' + ns.last + '\\n<SPECIAL_12>\\n' }}{%- endif %}"
+)
+
+
+def _nemotron_json():
+    files = {**files_for("nemotron_nano_v2"), "chat_template.jinja": NEMOTRON_JSON_SHAPE.encode()}
+    return REGISTRY.register(files, {})
+
+
+def test_a_template_that_drops_a_last_call_turn_gets_its_end_from_a_render_with_results():
+    """Before: refused at 'stop tokens' (the call turn alone renders as nothing). After: the turn's end is read where
+    a tool result follows it, and the suffix follows that token as past turns render it."""
+    ctx = _nemotron_json()
+    assert (ctx.rules.wire, ctx.rules.boundary, ctx.rules.rerenders_call_turn) == ("nemotron_json", "<SPECIAL_12>",
+                                                                                   True)
+
+
+def test_nemotron_json_calls_parse_and_three_rounds_are_suffix_exact():
+    ctx = _nemotron_json()
+    text = '<TOOLCALL>[{"name": "run_python", "arguments": {"code": "print(1)"}}]</TOOLCALL>\n<SPECIAL_12>'
+    parsed = ctx.parse_completion(ctx.encode(text), seq=0, tools=TOOLS)
+    assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == [("run_python", {"code": "print(1)"})]
+    w = walk(ctx, [Turn([("run_python", {"code": "x = 2"})], [""]),
+                   Turn([("lookup", {"word": "a"}), ("run_python", {"code": "x"})], ["a: x", "2"])])
+    assert "<SPECIAL_11>User\n<TOOL_RESPONSE>[a: x, 2]</TOOL_RESPONSE>\n" in ctx.decode(w.suffixes[1].ids)
