@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from .helpers import REGISTRY, TOOLS, Turn, files_for, walk
+from .helpers import REGISTRY, TOOLS, Turn, ctx_for, files_for, walk
 
 # ---------------------------------------------------------------- Kimi K2 Thinking, llama.cpp before its current copy
 
@@ -108,3 +108,33 @@ def test_nemotron_json_calls_parse_and_three_rounds_are_suffix_exact():
     w = walk(ctx, [Turn([("run_python", {"code": "x = 2"})], [""]),
                    Turn([("lookup", {"word": "a"}), ("run_python", {"code": "x"})], ["a: x", "2"])])
     assert "<SPECIAL_11>User\n<TOOL_RESPONSE>[a: x, 2]</TOOL_RESPONSE>\n" in ctx.decode(w.suffixes[1].ids)
+
+
+# ---------------------------------------------------------------- Apertus: arguments as JSON text
+
+def test_apertus_reads_a_call_whose_arguments_are_json_text_as_its_history_writes_them():
+    """llama.cpp's Apertus template writes a past call's arguments with tojson: the JSON text an OpenAI-style client
+    sends becomes {"run_python": "{\\"code\\": ...}"} in the history, and a model that copies its history writes its
+    next call so. Before: that call read as ('', '') with an error; after: the key is the name (vLLM's apertus parser
+    reads it so) and the JSON text its arguments."""
+    ctx = ctx_for("apertus")
+    conv = [{"role": "user", "content": "go"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "run_python", "arguments": '{"code": "x = 2"}'}}]},
+            {"role": "tool", "content": "", "tool_call_id": "c1", "name": "run_python"}]
+    history = ctx.tokenizer.apply_chat_template(conv, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert '<|tools_prefix|>[{"run_python": "{\\"code\\": \\"x = 2\\"}"}]<|tools_suffix|>' in history
+    completion = '<|tools_prefix|>[{"run_python": "{\\"code\\": \\"print(x)\\\\n\\"}"}]<|tools_suffix|>'
+    for template in ("apertus", "apertus_vllm"):
+        ctx = ctx_for(template)
+        parsed = ctx.parse_completion(ctx.encode(completion), seq=1, tools=TOOLS, calls_before=1)
+        assert [(c.name, json.loads(c.arguments), c.error) for c in parsed.tool_calls] == [
+            ("run_python", {"code": "print(x)\n"}, None)]
+
+
+def test_apertus_json_text_that_is_no_object_is_an_error_naming_the_tool():
+    ctx = ctx_for("apertus")
+    parsed = ctx.parse_completion(ctx.encode('<|tools_prefix|>[{"run_python": "print(1)"}]<|tools_suffix|>'),
+                                  seq=1, tools=TOOLS, calls_before=1)
+    (call,) = parsed.tool_calls
+    assert call.name == "run_python" and call.error and "not valid JSON" in call.error
