@@ -372,6 +372,12 @@ class RenderingContext(NumberedCallSuffixes):
                                  self.sanitize(tools), False)
         text = after[self.template.turn_start(before, after):]
         find = self.template.find_token
+        if turn.get("tool_calls") and not text.strip() and self.rules.rerenders_call_turn:
+            # The template drops a last call turn (a prefill, Nemotron JSON): the turn as results follow it.
+            results = [msgs.tool(c["function"]["name"], c.get("id", ""), _PLACEHOLDER) for c in turn["tool_calls"]]
+            after = self.render_text(conv + self.sanitize(msgs.normalize([turn], self.rules.style)) + results,
+                                     self.sanitize(tools), True)
+            text = after[self.template.turn_start(before, after):after.find(_PLACEHOLDER)]
         if turn.get("tool_calls"):
             if self.rules.overlap:
                 return text + self.rules.boundary

@@ -72,6 +72,9 @@ def _call_object(fmt: JsonCalls, raw: str, tools: ToolIndex | None) -> RawCall:
         (name, (value, value_raw)), = fields.items()
         if isinstance(value, dict):
             return RawCall(name, *arguments_text(name, value_raw, tools, fmt.example))
+        if isinstance(value, str) and name not in ("name", "function"):
+            # Arguments as JSON text: llama.cpp's Apertus template writes OpenAI-style ones so in past turns (tojson).
+            return RawCall(name, *arguments_text(name, value, tools, fmt.example))
     name = fields.get("name", (None, ""))[0]
     if not isinstance(name, str) or not name.strip():
         return RawCall("", "", f'the tool call has no "name" string: {short(raw.strip())}; write {fmt.example}')

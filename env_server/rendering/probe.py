@@ -5,16 +5,17 @@ Steps, each named in a refusal:
    output all present); tried with arguments as a mapping, then as JSON text (a JSON-text template
    raises on a mapping or prints its Python repr), content "" then None, no system message then
    one, tito's call ids, then 9-character alphanumeric ones, then Kimi's functions.NAME:IDX (a template
-   that writes the call's id and not its name).
+   that writes the call's id and not its name: any other id it writes before the arguments is passed over).
 2. parallel calls: two calls in one message must render both, else one call per turn.
 3. reasoning: the field whose text the template writes in a call turn, and the tags around it.
 4. stop tokens, from renders: the token that ends a plain answer (or, if the template never
    closes one, the next role token), and the boundary that ends a call turn: the last added token
    of the call turn when the template closes turns (also where it writes its generation prompt after
    every conversation, ToolACE, or renders the call turn otherwise once results follow, Nemotron
-   Nano 2: then the suffix follows the token as past turns render it); otherwise the token the tool
-   turn opens with, which the model emits as its stop (overlap: GLM's <|observation|>), or the call
-   turn's own last token (Apertus: results are text inside the assistant turn). The synthetic call
+   Nano 2: then the suffix follows the token as past turns render it; or drops a last call turn as a
+   prefill, Nemotron JSON: then the turn is read where results follow, ended by the answer's end
+   token); otherwise the token the tool turn opens with, which the model emits as its stop (overlap:
+   GLM's <|observation|>), or the call turn's own last token (Apertus: results are text inside the assistant turn). The synthetic call
    turn carries reasoning only if the template re-renders it otherwise (Qwen3 drops empty thinking),
    and tools only if the conversation renders otherwise without them (MUSE Glimmer).
 5. wire format: a turn of calls with a number-looking string, an integer and code with quotes and
@@ -113,6 +114,11 @@ class Probe:
             return "it printed the arguments' Python repr (it wants JSON text)"
         if style.json_args and '\\"word\\"' in text:
             return "it encoded the JSON-text arguments a second time"
+        before_args = text[:text.find(_ARG)]
+        if style.ids != "kimi" and style.call_id(0, 0, "lookup") in before_args and "lookup" not in before_args:
+            # It writes the id where the name belongs (llama.cpp's Kimi K2 Thinking before its current copy): the
+            # name must reach the model through the id, in the family's form (kimi ids), tried after these.
+            return "it writes the call's id, not its name, before the arguments"
         return None
 
     # ---------------------------------------------------------------- 2. parallel calls
@@ -195,7 +201,7 @@ class Probe:
                     continue
                 rule = (self._open_turn(a, b) if plain_end is None and lcp(a, b) == len(a) else
                         self._closed_turn(a, b, start) or self._prompt_always_written(st, a, b, start, tools)
-                        or self._rerendered_turn(a, b, start))
+                        or self._rerendered_turn(a, b, start) or self._prefilled_turn(a, b, start, plain_end))
                 if isinstance(rule, Boundary):
                     return dataclasses.replace(rule, style=st)
                 problems.append(rule or f"adding the tool results re-renders the call turn: it reads "
@@ -251,6 +257,17 @@ class Probe:
             return None
         return dataclasses.replace(self._after((token, at), b), rerenders=True)
 
+    def _prefilled_turn(self, a: str, b: str, start: int, plain_end: str | None) -> Boundary | None:
+        """The template renders a last assistant message as a prefill and drops its calls (vLLM's Nemotron JSON): the
+        call turn is read where results follow it, ended by the token that ends an answer, first after the call."""
+        arg = b.find(_ARG, start)
+        if plain_end is None or _ARG in a[start:] or arg < 0 or (out := b.find(_OUT, arg)) < 0:
+            return None
+        at = self.t.find_token(b, plain_end, start=arg, end=out)
+        if at < 0:
+            return None
+        return dataclasses.replace(self._after((plain_end, at), b), rerenders=True)
+
     def _after(self, tok: tuple[str, int], b: str) -> Boundary:
         end = tok[1] + len(tok[0])
         following = self.t.added_tokens_in(b, end, end + 64)
@@ -277,6 +294,11 @@ class Probe:
         h = self.render(synthetic_head(style), True, tools)
         a = self.render(synthetic_head(style) + [self.turn(style, calls, reasoning)], False, tools)
         start = self.t.turn_start(h, a)
+        if not a[start:].strip():  # the template drops a last call turn (a prefill): read it where results follow
+            a = self.render(synthetic_head(style) + [self.turn(style, calls, reasoning)]
+                            + self.results(style, calls, [_OUT] * len(calls)), True, tools)
+            start = self.t.turn_start(h, a)
+            return a[start:self.t.find_token(a, boundary, start=start) + len(boundary)]
         if overlap:
             return a[start:] + boundary
         return a[start:a.rfind(boundary) + len(boundary)]
