@@ -132,10 +132,12 @@ class _Reader:
     def splits(self, name: str, args: dict[str, str]) -> str:
         """Why the reading is not the only one, or "": a value holds a closing tag followed by the tag of one of the
         call's parameters (or one the tool declares), which is exactly how one value ends and the next begins, so the
-        text reads as this call and as one with that value split there. Such a call is answered, never guessed."""
+        text reads as this call and as one with that value split there. Such a call is answered, never guessed.
+        A closing tag that closes a parameter tag opened inside the value (at the start of a line) is the value's own
+        markup: a file holding a whole call of the same tool (vLLM's qwen3_coder pairs them the same way)."""
         names = set(args) | set(self.tools.get(name) or ())
         for key, value in args.items():
-            for m in self.split_at.finditer(value):
+            for m in self.unpaired_closers(value):
                 p = self.syn.param_open.match(value, m.end())
                 if p and p[1].strip() in names:
                     return (f"the value of {key!r} holds {self.syn.param_close} followed by {p[0]!r}, which is how one "
@@ -143,6 +145,19 @@ class _Reader:
                             f"without that sequence, or in another call; write {self.syn.example}")
         return ""
 
+
+    def unpaired_closers(self, value: str) -> Iterator[re.Match]:
+        """Each closing tag in ``value`` (with the whitespace after it) that closes no parameter tag opened inside
+        the value at the start of a line."""
+        depth = 0
+        for m in self.markup.finditer(value):
+            if m.lastgroup == "open_param":
+                depth += 1
+            elif m.lastgroup == "close_param":
+                if depth:
+                    depth -= 1
+                else:
+                    yield self.split_at.match(value, m.start())
 
     def declares(self, name: str, key: str) -> bool:
         declared = self.tools.get(name)
