@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import logging
 import threading
 from collections.abc import Iterable, Sequence
@@ -36,6 +37,7 @@ from jinja2.exceptions import TemplateError
 
 from tito.types import Message, ToolCall, ToolSpec
 
+from . import carry
 from . import messages as msgs
 from .budget import fit
 from .errors import SuffixRenderError
@@ -177,9 +179,24 @@ class RenderingContext(NumberedCallSuffixes):
                     "Make one call, wait for its result, then make the next."))
                 for c in calls[limit:]
             ]
+        if rules.uncarried:  # the template cannot write every value: a call it would show otherwise is not run
+            calls = [c if c.error or self._writes_back(c, tools) else dataclasses.replace(c, error=carry.error(c.name))
+                     for c in calls]
         repairs = [f"call {n + 1} ({c.name}): {r}" for n, c in enumerate(raw) for r in c.repairs if not c.error]
         return ParsedCompletion(text=text, content=content, reasoning=reasoning or own_reasoning, tool_calls=calls,
                                 stopped=stopped, repairs=repairs)
+
+    def _writes_back(self, call: ToolCall, tools) -> bool:
+        style, index = self.rules.style, self._tool_index(tools)
+
+        def read(text: str) -> list:
+            body = text.removesuffix(self.rules.boundary)
+            if self.rules.reasoning_tags:
+                _, body = split_reasoning(body, *self.rules.reasoning_tags, prefilled=self.rules.reasoning_prefilled)
+            return [(c.name, json.loads(c.arguments)) for c in self._wire.parse(body, index)[2] if not c.error]
+
+        return carry.writes_back(lambda name, args: self.completion_text(msgs.synthetic_head(style), msgs.assistant(
+            style, [(call.id, name, args)]), msgs.synthetic_tools(style)), read, call.name, call.arguments)
 
     def _tool_index(self, tools: Iterable[Any] | None) -> dict:
         if tools is None:

@@ -88,6 +88,8 @@ class FamilyRules:
     reasoning_tags: tuple[str, str] | None = None  # (open, close) around reasoning in a completion
     reasoning_prefilled: bool = False  # the generation prompt already opened the reasoning block
     max_calls_per_turn: int | None = None  # the template renders at most this many calls per message
+    # String values the template's writing reads back as other values (carry.py): such calls get an error.
+    uncarried: tuple[str, ...] = ()
     style: MessageStyle = field(default_factory=MessageStyle)
     notes: tuple[str, ...] = ()
 

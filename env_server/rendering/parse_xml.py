@@ -132,10 +132,12 @@ class _Reader:
     def splits(self, name: str, args: dict[str, str]) -> str:
         """Why the reading is not the only one, or "": a value holds a closing tag followed by the tag of one of the
         call's parameters (or one the tool declares), which is exactly how one value ends and the next begins, so the
-        text reads as this call and as one with that value split there. Such a call is answered, never guessed."""
+        text reads as this call and as one with that value split there. Such a call is answered, never guessed.
+        A closing tag that closes a parameter tag opened inside the value (at the start of a line) is the value's own
+        markup: a file holding a whole call of the same tool (vLLM's qwen3_coder pairs them the same way)."""
         names = set(args) | set(self.tools.get(name) or ())
         for key, value in args.items():
-            for m in self.split_at.finditer(value):
+            for m in self.unpaired_closers(value):
                 p = self.syn.param_open.match(value, m.end())
                 if p and p[1].strip() in names:
                     return (f"the value of {key!r} holds {self.syn.param_close} followed by {p[0]!r}, which is how one "
@@ -143,6 +145,19 @@ class _Reader:
                             f"without that sequence, or in another call; write {self.syn.example}")
         return ""
 
+
+    def unpaired_closers(self, value: str) -> Iterator[re.Match]:
+        """Each closing tag in ``value`` (with the whitespace after it) that closes no parameter tag opened inside
+        the value at the start of a line."""
+        depth = 0
+        for m in self.markup.finditer(value):
+            if m.lastgroup == "open_param":
+                depth += 1
+            elif m.lastgroup == "close_param":
+                if depth:
+                    depth -= 1
+                else:
+                    yield self.split_at.match(value, m.start())
 
     def declares(self, name: str, key: str) -> bool:
         declared = self.tools.get(name)
@@ -170,10 +185,14 @@ class _Reader:
             return
         if undeclared:  # the deployment parser reads any parameter; the schema allows it
             repairs += (f"read parameter {key!r}, which {name} does not declare (its schema allows more)",)
-        ends = 0
+        ends, undeclared_after = 0, self.undeclared_ends(name, m.end(), args.keys() | {key})
         for end in self.value_ends(name, m.end(), args.keys() | {key}):
             ends += 1
             value = text[m.end():end]
+            unpaired = {m.end() + u.start() for u in self.unpaired_closers(value)}
+            passed = () if self.strict or not unpaired.intersection(undeclared_after) else (  # a reading chosen
+                f"read {syn.param_close} followed by the tag of a parameter {name} does not declare as text of "
+                f"{key!r}, as vLLM reads it",)
             unclosed = self.unclosed_markup(value, name, args.keys() | {key})
             if unclosed:
                 kind, tag, line = unclosed
@@ -187,13 +206,20 @@ class _Reader:
                                            repairs + (closed,))
                 continue
             yield from self.params(name, end + len(syn.param_close), {**args, key: _unframe(value, syn.frame)},
-                                   repairs)
+                                   repairs + passed)
         if not ends:
             self.fail(m.end(), f"the parameter {key!r} of {name} was not closed with {syn.param_close}")
 
     def value_ends(self, name: str, start: int, given: set[str]) -> Iterator[int]:
-        """Each closing tag after ``start`` that the grammar allows: followed by the call's end or by a parameter
-        the call has not had yet (one the tool does not declare is refused, or read, where it is read)."""
+        """Each closing tag after ``start`` that the grammar allows (``all_ends``); those followed by a parameter the
+        tool does not declare last: vLLM's qwen3_coder reads a value on past them where a later one ends it."""
+        undeclared = self.undeclared_ends(name, start, given)
+        yield from (at for at in self.all_ends(start, given) if at not in undeclared)
+        yield from undeclared
+
+    def all_ends(self, start: int, given: set[str]) -> Iterator[int]:
+        """Followed by the call's end or a parameter the call has not had (one the tool does not declare is read
+        where its schema allows more, else refused)."""
         syn, text = self.syn, self.text
         at = start
         while (at := text.find(syn.param_close, at)) >= 0:
@@ -202,6 +228,15 @@ class _Reader:
             if text.startswith(syn.call_close, after) or (nxt and nxt[1].strip() not in given):
                 yield at
             at += 1
+
+    def undeclared_ends(self, name: str, start: int, given: set[str]) -> list[int]:
+        """The closing tags after ``start`` followed by the tag of a parameter the tool does not declare."""
+        declared, close, out = self.tools.get(name), self.syn.param_close, []
+        for at in self.all_ends(start, given) if declared else ():
+            nxt = self.syn.param_open.match(self.text, _WS.match(self.text, at + len(close)).end())
+            if nxt and nxt[1].strip() not in declared:
+                out.append(at)
+        return out
 
     def unclosed_markup(self, value: str, name: str, given: set[str]) -> tuple[str, str, int] | None:
         """The first opening tag at the start of a line that the value does not close, as (kind, the tag, where its

@@ -20,6 +20,8 @@ Steps, each named in a refusal:
    and tools only if the conversation renders otherwise without them (MUSE Glimmer).
 5. wire format: a turn of calls with a number-looking string, an integer and code with quotes and
    newlines is rendered and must parse back exactly with one of the wire formats.
+6. values: string values with whitespace at both ends, quotes and backslashes are rendered one call each; those
+   that read back as other values are named in the notes, and calls holding such values get an error (carry.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from . import carry
 from .errors import UnsupportedTemplateError
 from .families import FamilyRules, MessageStyle
 from .messages import assistant, synthetic_head, synthetic_tools, tool
@@ -303,6 +306,22 @@ class Probe:
             return a[start:] + boundary
         return a[start:a.rfind(boundary) + len(boundary)]
 
+    def uncarried(self, style: MessageStyle, boundary: str, overlap: bool, tags, wire: str, keep: bool
+                  ) -> tuple[str, ...]:
+        """6. values: the string values (carry.HAZARDS) whose writing by the template reads back as another value."""
+        index = tool_index(PROBE_TOOLS)
+        reasoning = _THOUGHT if style.reasoning_in_synthetic else None
+
+        def reads_back(value: str) -> bool:
+            calls = [("lookup", {"word": value})]
+            try:
+                text = self.completion_text(style, calls, reasoning, boundary, overlap)
+            except Exception:
+                return False
+            return _parses_back(formats()[wire], text, calls, boundary, tags, index, keep)
+
+        return carry.uncarried(reads_back)
+
     def wire_format(self, style: MessageStyle, boundary: str, overlap: bool, tags, max_calls) -> tuple[str, bool]:
         """(the wire format, whether the parser reads the boundary with the calls: it is their closing marker)."""
         groups = [PROBE_CALLS] if max_calls is None else [[c] for c in PROBE_CALLS]
@@ -370,11 +389,14 @@ def decide(t: ChatTemplate) -> FamilyRules:
         notes.append("the template reads tool-call arguments as JSON text")
     if max_calls:
         notes.append(f"the template renders {max_calls} call per assistant message; further calls get an error")
+    uncarried = p.uncarried(style, boundary, overlap, (tags, prefilled), wire, keeps_boundary)
+    if uncarried:
+        notes.append(carry.note(uncarried))
     return FamilyRules(
         name=label, wire=wire, stop_tokens=stops, boundary=boundary, answer_end=answer_end, overlap=overlap,
         calls_need_boundary=boundary != answer_end, opens_results=found.opens_results, reasoning_tags=tags,
         rerenders_call_turn=found.rerenders, boundary_closes_calls=keeps_boundary,
         reasoning_prefilled=prefilled,
-        max_calls_per_turn=max_calls, style=style, notes=tuple(notes),
+        max_calls_per_turn=max_calls, uncarried=uncarried, style=style, notes=tuple(notes),
     )
 

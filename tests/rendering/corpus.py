@@ -20,6 +20,7 @@ from typing import Any
 
 from env_server.rendering import RenderingContext
 from env_server.rendering import messages as msgs
+from tito.types import ToolCall
 
 from .helpers import TOOLS, writes_reasoning
 
@@ -288,6 +289,11 @@ def expected(case: Case, ctx: RenderingContext, calls: Calls) -> Expect:
         wire = WIRES[ctx.rules.wire]
         return Expect([], (wire.cut or wire.message,))
     base = case.expect or Expect(calls)
+    if ctx.rules.uncarried:  # a call the template cannot write back is answered, not run (carry.py)
+        unwritable = [c for c in base.runs if not ctx._writes_back(ToolCall("c1", c[0], json.dumps(c[1])), CORPUS_TOOLS)]
+        if unwritable:
+            base = Expect([c for c in base.runs if c not in unwritable], ("cannot write this call",) * len(unwritable),
+                          base.content)
     limit = ctx.rules.max_calls_per_turn
     if limit is not None and len(base.runs) > limit:
         return Expect(base.runs[:limit], (f"allows {limit} tool call per turn",) * (len(base.runs) - limit),

@@ -120,4 +120,44 @@ def test_model_written_python_literals_parse_back(template, calls):
     text = f"{opened}{body}{closed}{ctx.rules.boundary}"
     parsed = ctx.parse_completion(ctx.encode(text), seq=1, tools=TOOLS)
     got = [(c.name, json.loads(c.arguments)) if not c.error else c.error for c in parsed.tool_calls]
-    assert got == calls, f"{template}: wrote {calls}, read {got} from {text!r}"
+    # A value the template cannot write back (registration names them: a backslash, its quote) is answered with
+    # an error, never run as a call the conversation would show otherwise (carry.py); every other call runs.
+    quote = WIRES[ctx.rules.wire].raw_quote
+    assert ctx.rules.uncarried and len(got) == len(calls), f"{template}: wrote {calls}, read {got} from {text!r}"
+    for g, (name, args) in zip(got, calls):
+        plain = not any(isinstance(v, str) and any(c in v for c in ("\\", quote, *(syn.markers or ())))
+                        for v in args.values())
+        assert g == (name, args) or (not plain and "cannot write this call" in g), (
+            f"{template}: wrote {calls}, read {got} from {text!r}")
+
+
+NESTED_XML = (  # balanced markup of the XML families, with the probe tools' own parameter names
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n<parameter=zip>\ny\n</parameter>\n"
+    "</function>\n</tool_call>",
+    "<tool_call>\n<function=lookup>\n<parameter=word>\nw\n</parameter>\n</function>\n</tool_call>",
+    "<parameter=code>\nprint(1)\n</parameter>", "<parameter=zip>\n</parameter>", "<parameter=word>\nz\n</parameter>",
+)
+NESTED_VALUES = st.lists(st.one_of(st.sampled_from(NESTED_XML), st.sampled_from(["", "x", "  ", "print(1)"])),
+                         max_size=5).map("\n".join)
+NESTED_CALLS = st.lists(st.one_of(
+    st.builds(lambda v: ("run_python", {"code": v}), NESTED_VALUES),
+    st.builds(lambda v: ("lookup", {"word": v}), NESTED_VALUES),
+    st.builds(lambda city, zip_: ("get_weather", {"city": city, "zip": zip_, "days": 3}), NESTED_VALUES,
+              NESTED_VALUES)), min_size=1, max_size=2)
+
+
+@pytest.mark.parametrize("template", ["qwen3_coder", "qwen3_6", "nemotron_3_nano"])
+@SETTINGS
+@given(calls=NESTED_CALLS)
+def test_xml_values_holding_balanced_markup_read_whole(template, calls):
+    """A value holding whole calls or parameters in the family's own markup, each tag pair balanced (a parameter
+    tag opened at the start of a line, closed by its own closing tag), reads whole, as vLLM's qwen3_coder reads it:
+    such a closing tag is the value's own, never where the value ends."""
+    ctx = ctx_for(template)
+    style = ctx.rules.style
+    turn = msgs.assistant(style, [(style.call_id(1, i, n), n, a) for i, (n, a) in enumerate(calls)],
+                          "Let me use the tools." if writes_reasoning(ctx) else None)
+    text = ctx.completion_text([{"role": "user", "content": "Do it."}], turn, TOOLS)
+    parsed = ctx.parse_completion(ctx.encode(text), seq=1, tools=TOOLS)
+    got = [(c.name, json.loads(c.arguments)) if not c.error else c.error for c in parsed.tool_calls]
+    assert got == calls and not parsed.repairs, f"{template}: wrote {calls}, read {got} from {text!r}"

@@ -96,3 +96,19 @@ def test_null_for_a_string_parameter_stays_the_string(strict):
                      tools=[OPEN_SCHEMA], strict=strict))
     # query: a string, "null" as vLLM reads it; limit: not a string, JSON's null; since: the schema allows null.
     assert got == [("search", {"query": "null", "limit": None, "since": None})]
+
+
+@pytest.mark.parametrize("template", ["qwen3_coder", "qwen3_6", "nemotron_3_nano"])
+def test_closing_tag_then_an_undeclared_parameter_inside_a_value_reads_on_and_says_so(template):
+    """vLLM's qwen3_coder ends a value only at a closing tag followed by a parameter the tool declares (or the call's
+    end): 'a</parameter><parameter=mode>fast' is text of 'content' where write_file does not declare 'mode'. Where
+    the schema allows more, reading 'mode' would also be grammatical, so the reading chosen is a repair, named."""
+    open_write = {"type": "function", "function": dict(WRITE["function"])}
+    text = ("<tool_call>\n<function=write_file>\n<parameter=content>\na</parameter><parameter=mode>fast\n</parameter>\n"
+            "<parameter=path>\na.txt\n</parameter>\n</function>\n</tool_call><|im_end|>")
+    lenient = parse(template, text, tools=[open_write])
+    assert runs(lenient) == [("write_file", {"content": "a</parameter><parameter=mode>fast", "path": "a.txt"})]
+    assert lenient.repairs == ["call 1 (write_file): read </parameter> followed by the tag of a parameter write_file "
+                               "does not declare as text of 'content', as vLLM reads it"]
+    strict = parse(template, text, tools=[open_write], strict=True)  # 'mode' is refused there: one reading
+    assert runs(strict) == runs(lenient) and not strict.repairs

@@ -180,6 +180,24 @@ def test_xml_value_holding_a_whole_call_runs_once_as_the_value():
         ("write_file", {"path": "agent.md", "content": content})]
 
 
+@pytest.mark.parametrize("template", ["qwen3_coder", "qwen3_6", "nemotron_3_nano"])
+@pytest.mark.parametrize("content_first", [True, False])
+def test_xml_value_holding_a_whole_call_of_the_same_tool_reads_whole(template, content_first):
+    """A file holding a write_file call (an agent writing a test fixture): its </parameter> closes the <parameter=path>
+    opened inside the value, so it is the value's own markup, not where the value ends and the next begins. vLLM's
+    qwen3_coder pairs such tags (a closing tag ends a value only unpaired) and reads the whole value; so does tito,
+    with nothing repaired (splitting there would give 'content' twice: the grammar has no other reading)."""
+    inner = ("<tool_call>\n<function=write_file>\n<parameter=path>\nb.txt\n</parameter>\n<parameter=content>\nhi\n"
+             "</parameter>\n</function>\n</tool_call>")
+    params = [("content", inner), ("path", "a.md")] if content_first else [("path", "a.md"), ("content", inner)]
+    text = "<tool_call>\n<function=write_file>\n" + "".join(
+        f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params) + "</function>\n</tool_call><|im_end|>"
+    ctx = ctx_for(template)
+    for strict in (False, True):
+        p = ctx.parse_completion(ids(ctx, text), tools=CORPUS_TOOLS, strict=strict)
+        assert calls_of(p) == [("write_file", dict(params))] and not p.repairs
+
+
 def test_xml_closing_tag_then_a_parameter_tag_is_read_as_the_deployment_parser_reads_it():
     """'</parameter>' followed by a parameter tag is how one value ends and the next begins, whatever the text
     means: where the tool's schema allows parameters it does not declare, the second one is read (as vLLM reads
