@@ -28,7 +28,7 @@ from typing import Any
 
 # Bump whenever the server's rendering of prompt or suffix ids can change for the same
 # files: a trainer holding ids from an older renderer must not be mixed with newer ones.
-RENDERER_VERSION = "tito-render/4"
+RENDERER_VERSION = "tito-render/5"
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
