@@ -224,7 +224,8 @@ def test_sft_micro_batches_accumulate_the_same_gradient_as_one_pass(built):
 
 def test_reasoning_gym_teacher_demonstrations_call_the_tool_and_score_one(server, tok):
     pytest.importorskip("reasoning_gym", reason="reasoning-gym is the reasoning extra")
-    from trainer.tasks import DEMO_SEED_OFFSET, make_task
+    from trainer.reasoning_gym_task import DEMO_SEED_OFFSET
+    from trainer.tasks import make_task
 
     files, tokenizer = tok
     task = make_task("reasoning_gym", {"dataset": "basic_arithmetic", "tools": "python", "demos": 2,
