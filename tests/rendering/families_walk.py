@@ -32,7 +32,8 @@ MUST_ACCEPT = ("qwen2_5", "qwen3", "qwen3_instruct_2507", "llama3_1", "llama3_2"
                "kimi_k2", "minimax_m2", "minimax_m1", "mistral_nemo", "mistral_small_3_2", "devstral_small",
                "ministral_3", "seed_oss", "llama4_json", "llama4_pythonic", "olmo3", "qwen2_5_coder", "xlam_qwen",
                "internlm2", "qwen3_coder", "granite_4_0", "kimi_k2_ids", "kimi_k2_instruct", "kimi_k2_thinking",
-               "phi4_mini", "nemotron_nano_v2", "apertus", "apertus_vllm", "muse_glimmer", "muse_glimmer_vllm")
+               "phi4_mini", "nemotron_nano_v2", "nemotron_json", "apertus", "apertus_vllm", "muse_glimmer",
+               "muse_glimmer_vllm")
 TAIL_EXACT = ("suffix exact: the template renders earlier turns otherwise once later ones follow; ids are what the "
               "model saw at each round, each suffix the exact tail of the template's render")
 

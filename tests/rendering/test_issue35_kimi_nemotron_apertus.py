@@ -53,43 +53,13 @@ def test_kimi_thinking_0c3c896_walks_three_rounds_exactly():
 
 # ---------------------------------------------------------------- Nemotron JSON (vLLM's example template)
 
-# vLLM's examples/tool_chat_template_nemotron_json.jinja (vllm-project/vllm 4b6abc6; in none of the vllm sdists
-# checked: 0.8.5, 0.9.2, 0.10.1.1, 0.11.0, 0.20.0, 0.33.0, so it cannot be pinned) takes a last assistant message as
-# a prefill: it writes only its stripped content after the generation prompt '<SPECIAL_11>Assistant\n<think>\n' and
-# drops its calls. Past assistant turns are '<SPECIAL_11>Assistant\n' + content + '<TOOLCALL>[{"name": ...,
-# "arguments": ...}]</TOOLCALL>' + '\n<SPECIAL_12>\n'; results are one user turn '<TOOL_RESPONSE>[out, out]'. This is
-# that shape, written for tito from those facts (in memory only).
-NEMOTRON_JSON_SHAPE = (
-    "{{- '<SPECIAL_10>System\\n' + (messages[0].content if messages[0].role == 'system' else '') }}"
-    "{%- if tools %}{{- '<AVAILABLE_TOOLS>[' }}{%- for t in tools %}{{- t.function | tojson }}"
-    "{{- ', ' if not loop.last else '' }}{%- endfor %}{{- ']</AVAILABLE_TOOLS>' }}{%- endif %}{{- '\\n' }}"
-    "{%- set messages = messages[1:] if messages[0].role == 'system' else messages %}"
-    "{%- set ns = namespace(last='') %}"
-    "{%- if messages[-1].role == 'assistant' %}{%- set ns.last = messages[-1].content.strip() %}"
-    "{%- set messages = messages[:-1] %}{%- endif %}"
-    "{%- for m in messages %}"
-    "{%- if m.role == 'user' %}{{- '<SPECIAL_11>User\\n' + m.content.strip() + '\\n' }}"
-    "{%- elif m.role == 'tool' %}"
-    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<SPECIAL_11>User\\n<TOOL_RESPONSE>[' }}"
-    "{%- endif %}{{- m.content }}"
-    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- ']</TOOL_RESPONSE>\\n' }}"
-    "{%- else %}{{- ', ' }}{%- endif %}"
-    "{%- elif m.role == 'assistant' %}"
-    "{%- set content = m.content.split('</think>')[-1].strip() %}{{- '<SPECIAL_11>Assistant\\n' + content }}"
-    "{%- if m.tool_calls %}{{- '\\n\\n' if content else '' }}{{- '<TOOLCALL>[' }}{%- for c in m.tool_calls %}"
-    "{{- '{\"name\": \"' + c.function.name + '\", \"arguments\": ' }}"
-    "{{- c.function.arguments if c.function.arguments is string else c.function.arguments | tojson }}"
-    "{{- '}' + (', ' if not loop.last else '') }}{%- endfor %}{{- ']</TOOLCALL>' }}{%- endif %}"
-    "{{- '\\n<SPECIAL_12>\\n' }}"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<SPECIAL_11>Assistant\\n<think>\\n' + ns.last }}"
-    "{%- elif ns.last %}{{- '<SPECIAL_11>Assistant\\n<think>\\n' + ns.last + '\\n<SPECIAL_12>\\n' }}{%- endif %}"
-)
+# vLLM's examples/tool_chat_template_nemotron_json.jinja (vllm-project/vllm 4b6abc6) is in none of the vllm sdists
+# (0.8.5, 0.9.2, 0.10.1.1, 0.11.0, 0.20.0, 0.33.0), so it cannot be pinned: tito_assets/templates/nemotron_json.jinja
+# is that shape written for tito from its facts (a last assistant message is a prefill whose calls are dropped).
 
 
 def _nemotron_json():
-    files = {**files_for("nemotron_nano_v2"), "chat_template.jinja": NEMOTRON_JSON_SHAPE.encode()}
-    return REGISTRY.register(files, {})
+    return REGISTRY.register(files_for("nemotron_json"), {})
 
 
 def test_a_template_that_drops_a_last_call_turn_gets_its_end_from_a_render_with_results():
