@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from env_server.sandbox.bwrap import rootfs
+from env_server.sandbox.bwrap.command import SH_INIT
 from tests.harness import REPO, start_server
 from tito.client import StepStatus, TitoClient
 from tito.types import ToolCall
@@ -121,7 +122,8 @@ def test_an_unprivileged_server_says_memory_is_unbounded_and_quotas_shared_and_k
                           "    except OSError as e:\n        return e.strerror\n"
                           "(sorted(set(fds)), len(fds), open('/proc/1/cmdline').read().split(chr(0))[:3], "
                           "write('/proc/sys/kernel/msgmax'), write('/dev/planted'))")
-            assert out == ("Out: (['/dev/null'], 3, ['python3', '-I', '/opt/tito/repl_server.py'], "
+            # pid 1: the shell init (bwrap/command.py), holding /dev/null only.
+            assert out == ("Out: (['/dev/null'], 3, " + repr(["/bin/sh", "-c", SH_INIT]) + ", "
                            "'Read-only file system', 'Read-only file system')"), out
 
 
