@@ -78,8 +78,12 @@ def bench(template: str, steps: int, turns: int, budget: int | None) -> dict:
         c0 = time.thread_time()
         got = ctx.parse_completion(heavy, seq=1, tools=TOOLS).tool_calls
         heavy_cpu.append((time.thread_time() - c0) * 1e3)
-    assert [(c.name, c.error) for c in got] == [("run_python", None)] and json.loads(got[0].arguments)["code"] == code, (
-        template, got)
+    if ctx.rules.uncarried:  # the template writes string values unescaped: a value holding its markup is refused
+        assert [c.name for c in got] == ["run_python"] and "cannot write this call" in (got[0].error or ""), (
+            template, got)
+    else:
+        assert [(c.name, c.error) for c in got] == [("run_python", None)] and \
+            json.loads(got[0].arguments)["code"] == code, (template, got)
     base = []
     for _ in range(max(50, steps // 10)):
         t0 = time.perf_counter()
