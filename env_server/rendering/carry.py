@@ -6,12 +6,16 @@ newline joins the lines: ``ls \\`` then ``  -la`` becomes ``ls   -la``). A call 
 in the conversation, as the template writes it, as another call than the one run. So registration names the
 values the template cannot write (``FamilyRules.uncarried``, found by rendering ``HAZARDS``), and where it named
 some, each call the model makes is written back through the template and read again: a call that does not come
-back as itself gets an error instead of running (never a silent difference).
+back as itself gets an error instead of running (never a silent difference). A call whose values are all
+plain (``PLAIN``: no quote, backslash, bracket or markup character, no space at either end) skips that write-back,
+which costs a render and a parse: registration checks that the template carries ``PLAIN_SAMPLE``, holding every
+plain character, and a template that does not gets every call written back.
 """
 
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +25,41 @@ HAZARDS = ("  spaces at both ends  ", "\nnewlines at both ends\n\n", 'a "double-
            "C:\\new\\table", "ls \\\n  -la")
 
 
+# Characters no family quotes, escapes or marks up a call with; most code a model runs is made of them.
+PLAIN = frozenset(string.ascii_letters + string.digits + " _.,:;+-*/=%!?@#$&^~()")
+PLAIN_SAMPLE = "print(6*7) + x_1.y, z: a;b-c/d=e%f!g?h@i#j$k&l^m~n"
+assert PLAIN.issuperset(PLAIN_SAMPLE) and PLAIN - set(string.ascii_letters + string.digits) <= set(PLAIN_SAMPLE)
+
+
 def uncarried(reads_back: Callable[[str], bool]) -> tuple[str, ...]:
-    """The hazard values whose writing by the template does not read back as themselves."""
-    return tuple(v for v in HAZARDS if not reads_back(v))
+    """The probe values (the hazards and the plain sample) whose writing by the template does not read back as
+    themselves."""
+    return tuple(v for v in (*HAZARDS, PLAIN_SAMPLE) if not reads_back(v))
+
+
+def is_plain(value: Any) -> bool:
+    """Whether every string in a JSON value (keys too) is plain, so that a template carrying PLAIN_SAMPLE writes
+    it back as itself."""
+    if isinstance(value, str):
+        return value == value.strip() and PLAIN.issuperset(value)
+    if isinstance(value, dict):
+        return all(is_plain(k) and is_plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(map(is_plain, value))
+    return True  # numbers, booleans, null: the schema's to type, not the template's to carry
+
+
+def needs_write_back(uncarried_values: tuple[str, ...], arguments: str) -> bool:
+    """Whether a call must be written back to know it is carried: the template cannot write some values, and the
+    call's are not all plain (or the template cannot write even plain ones)."""
+    if not uncarried_values:
+        return False
+    if PLAIN_SAMPLE in uncarried_values:
+        return True
+    try:
+        return not is_plain(json.loads(arguments))
+    except ValueError:
+        return True
 
 
 def note(values: tuple[str, ...]) -> str:

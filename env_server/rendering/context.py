@@ -180,7 +180,8 @@ class RenderingContext(NumberedCallSuffixes):
                 for c in calls[limit:]
             ]
         if rules.uncarried:  # the template cannot write every value: a call it would show otherwise is not run
-            calls = [c if c.error or self._writes_back(c, tools) else dataclasses.replace(c, error=carry.error(c.name))
+            calls = [c if c.error or not carry.needs_write_back(rules.uncarried, c.arguments)
+                     or self._writes_back(c, tools) else dataclasses.replace(c, error=carry.error(c.name))
                      for c in calls]
         repairs = [f"call {n + 1} ({c.name}): {r}" for n, c in enumerate(raw) for r in c.repairs if not c.error]
         return ParsedCompletion(text=text, content=content, reasoning=reasoning or own_reasoning, tool_calls=calls,

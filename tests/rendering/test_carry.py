@@ -5,6 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from env_server.rendering import carry
+from tito.types import ToolCall
+
 from .helpers import TOOLS, ctx_for
 
 CONTINUED = "ls \\\n  -la"  # a shell line continuation: a backslash ending a line
@@ -42,3 +49,31 @@ def test_templates_that_escape_their_strings_name_nothing():
         assert ctx.rules.uncarried == ()
         (call,) = ctx.parse_completion(ctx.encode(_call(ctx, CONTINUED)), tools=TOOLS).tool_calls
         assert json.loads(call.arguments) == {"code": CONTINUED}
+
+
+PLAIN_TEXT = st.text(alphabet=sorted(carry.PLAIN), min_size=1, max_size=40).map(str.strip).filter(bool)
+
+
+@pytest.mark.parametrize("template", ["llama4_pythonic", "lfm2_2_5", "olmo3"])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=PLAIN_TEXT)
+def test_plain_values_skip_the_write_back_only_where_it_would_pass(template, value):
+    """The fast path (carry.needs_write_back) skips rendering a call back only for values the write-back passes."""
+    ctx = ctx_for(template)
+    assert ctx.rules.uncarried and carry.PLAIN_SAMPLE not in ctx.rules.uncarried
+    arguments = json.dumps({"code": value})
+    assert not carry.needs_write_back(ctx.rules.uncarried, arguments)
+    assert ctx._writes_back(ToolCall("c1", "run_python", arguments), TOOLS), value
+    (call,) = ctx.parse_completion(ctx.encode(_call(ctx, value)), tools=TOOLS).tool_calls
+    assert not call.error and json.loads(call.arguments) == {"code": value}
+
+
+def test_which_calls_are_written_back():
+    hazards = ("it's",)
+    assert not carry.needs_write_back((), '{"code": "x\\\\y"}')  # the template carries every value
+    assert not carry.needs_write_back(hazards, '{"code": "print(6*7)", "n": 3, "opts": {"a": ["b", null]}}')
+    for arguments in ('{"code": "print(\'x\')"}', '{"code": " lead"}', '{"code": "a\\nb"}', '{"code": "[x]"}',
+                      '{"code": "a\\\\b"}', '{"opts": {"k": "<b>"}}', '{"we\\"ird": "x"}', "not json"):
+        assert carry.needs_write_back(hazards, arguments), arguments
+    # A template that cannot write even the plain sample writes every call back.
+    assert carry.needs_write_back((*hazards, carry.PLAIN_SAMPLE), '{"code": "print(6*7)"}')
