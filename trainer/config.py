@@ -155,6 +155,10 @@ class WarmStartConfig(_Strict):
                                   "accumulated over the step's batch); 0 = the whole batch at once.")
     save_model: bool = Field(False, description="Also save the warm-started policy as a model folder "
                              "(<output_dir>/warmstart-model) to evaluate the policy GRPO starts from.")
+    spell_out_markup: bool = Field(False, description="Encode the teacher's markup tokens (added tokens such as "
+                                   "<tool_call>; not the stop tokens) as ordinary text tokens: for a model whose "
+                                   "rows for them are untrained, the spelled-out text is one it already writes, and "
+                                   "the env's parser reads both alike.")
 
 
 class TrainConfig(_Strict):

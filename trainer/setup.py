@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,11 +108,24 @@ class TokenizerInfo:
         # Only for rewards and logs; ids are never re-encoded.
         return self._tok.decode(ids, skip_special_tokens=False)
 
-    def encode_teacher_text(self, text: str) -> list[int]:
+    def encode_teacher_text(self, text: str, spell_out: bool = False, keep: Collection[int] = ()) -> list[int]:
         """Scripted teacher text for warm-start demonstrations (dataset text, never model
-        output or env text). Special tokens written in the text (`<tool_call>`, `<|im_end|>`)
-        become their ids."""
-        return self._tok.encode(text, add_special_tokens=False).ids
+        output or env text). Added tokens written in the text (`<tool_call>`, `<|im_end|>`)
+        become their ids; with `spell_out`, all but `keep` (the stop tokens, which end a turn as
+        themselves) are spelled in ordinary text tokens instead, as a model writes them that never
+        learned the added token (the env's parser reads the text, so it reads both alike)."""
+        if not spell_out:
+            return self._tok.encode(text, add_special_tokens=False).ids
+        kept = {self._tok.id_to_token(i): i for i in keep}
+        parts = re.split("(" + "|".join(map(re.escape, kept)) + ")", text) if kept else [text]
+        return [i for part in parts if part for i in ([kept[part]] if part in kept else self._spelled(part))]
+
+    def _spelled(self, text: str) -> list[int]:
+        """The text through the tokenizer's normalizer, pre-tokenizer and model, skipping its added-token match."""
+        tok = self._tok
+        text = tok.normalizer.normalize_str(text) if tok.normalizer else text
+        pieces = tok.pre_tokenizer.pre_tokenize_str(text) if tok.pre_tokenizer else [(text, None)]
+        return [t.id for piece, _ in pieces for t in tok.model.tokenize(piece)]
 
 
 def make_backend(cfg: TrainConfig, model, tok: TokenizerInfo, rank: int = 0,

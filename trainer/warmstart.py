@@ -23,6 +23,7 @@ behaviours): it must complete without a tool call, and the env must score it 0. 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -65,9 +66,12 @@ async def run_warm_start(run: Run, cfg: TrainConfig, limits: RolloutLimits, out:
         raise WarmStartError("the warm start builds demonstrations through the env server")
     if run.encode_teacher_text is None:
         raise WarmStartError("the warm start needs the tokenizer to encode teacher text")
+    encode = run.encode_teacher_text
+    if cfg.warm_start.spell_out_markup:
+        encode = functools.partial(encode, spell_out=True, keep=run.stop_token_ids)
     t0 = time.perf_counter()
     demos, records = await build_demonstrations(
-        task.demo_specs(), task, run.encode_teacher_text, run.env, cfg.env.environment, run.fingerprint, limits,
+        task.demo_specs(), task, encode, run.env, cfg.env.environment, run.fingerprint, limits,
         run.stop_token_ids, model=run.model)
     (out / "demonstrations.jsonl").write_text("")
     report.append_jsonl(out / "demonstrations.jsonl", records)

@@ -236,23 +236,55 @@ def test_reasoning_gym_teacher_demonstrations_call_the_tool_and_score_one(server
     assert [s.env_args["index"] for s in specs] == [0, 1] and len(specs[0].messages) == 5
     assert specs[0].meta["code"].startswith("print(") and task.teacher_turn(specs[0].meta, 0).startswith("<tool_call>")
 
-    async def run():
-        client = AsyncTitoClient(server.address)
-        await client.wait_ready(60)
-        reg = await client.register_tokenizer(files)
-        try:
-            return await build_demonstrations(specs, task, lambda t: tokenizer.encode(t, add_special_tokens=False).ids,
-                                              client, "reasoning_gym", reg.fingerprint,
-                                              RolloutLimits(budget=1024, per_turn_cap=96, reserve=16, max_turns=3),
-                                              reg.stop_token_ids)
-        finally:
-            await client.close()
-
-    demos, records = asyncio.run(run())  # build_demonstrations refuses any that does not score 1
+    demos, records, _ = asyncio.run(_reasoning_gym_demos(server, files, specs, task, lambda stops: (
+        lambda t: tokenizer.encode(t, add_special_tokens=False).ids)))
+    # build_demonstrations refuses any that does not score 1.
     assert [d.env_reward for d in demos] == [1.0, 1.0] and all(d.tool_calls == 1 for d in demos)
     assert all(r["teacher_turns"][1] == f"<answer>{s.meta['answer']}</answer><|im_end|>" for r, s in zip(records, specs))
     with pytest.raises(ValueError, match="no 'expression'"):
         make_task("reasoning_gym", {"dataset": "gcd"}, seed=0, vocab_size=2).demo_specs()
+
+
+async def _reasoning_gym_demos(server, files, specs, task, encoder):
+    """build_demonstrations through the server; ``encoder(stop_token_ids)`` gives the teacher's encode."""
+    client = AsyncTitoClient(server.address)
+    await client.wait_ready(60)
+    reg = await client.register_tokenizer(files)
+    try:
+        demos, records = await build_demonstrations(
+            specs, task, encoder(reg.stop_token_ids), client, "reasoning_gym", reg.fingerprint,
+            RolloutLimits(budget=1024, per_turn_cap=96, reserve=16, max_turns=3), reg.stop_token_ids)
+        return demos, records, reg
+    finally:
+        await client.close()
+
+
+def test_teacher_markup_spelled_out_in_text_tokens_is_read_as_the_same_call(server, tok):
+    """warm_start.spell_out_markup: <tool_call> as the text tokens < tool _call >, as a model writes it whose row for
+    the added token is untrained; the env's parser reads the call and the demonstration scores 1 as before."""
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym is the reasoning extra")
+    from trainer.setup import TokenizerInfo
+    from trainer.tasks import make_task
+
+    files, tokenizer = tok
+    info = TokenizerInfo(files=files, vocab_size=tokenizer.get_vocab_size(), pad_id=0, eos_ids=[], _tok=tokenizer)
+    end = tokenizer.token_to_id("<|im_end|>")
+    added = {t for t in tokenizer.get_added_tokens_decoder()}
+    text = '<tool_call>\n{"name": "run_python"}\n</tool_call><|im_end|>'
+    spelled = info.encode_teacher_text(text, spell_out=True, keep=[end])
+    assert spelled[-1] == end and not added & set(spelled[:-1]) and len(spelled) > len(info.encode_teacher_text(text))
+    assert tokenizer.decode(spelled, skip_special_tokens=False) == text
+    assert info.encode_teacher_text("x<|im_end|>y", spell_out=True, keep=[end]).count(end) == 1
+
+    task = make_task("reasoning_gym", {"dataset": "basic_arithmetic", "tools": "python", "demos": 2},
+                     seed=5, vocab_size=2)
+    specs = task.demo_specs()
+    demos, records, reg = asyncio.run(_reasoning_gym_demos(server, files, specs, task, lambda stops: (
+        lambda t: info.encode_teacher_text(t, spell_out=True, keep=stops))))
+    assert [d.env_reward for d in demos] == [1.0, 1.0] and all(d.tool_calls == 1 for d in demos)
+    for d in demos:  # the teacher's tokens hold no added token but the turn ends
+        taught = {i for i, m in zip(d.ids, d.mask) if m == 1}
+        assert not (taught & added) - set(reg.stop_token_ids)
 
 
 def test_frozen_parameters_get_no_gradient_and_no_optimizer_state(built):
