@@ -47,10 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2
-    from trainer.malloc import keep_freed_memory
+    from trainer.malloc import keep_freed_memory, return_freed_memory
     from trainer.warmstart import WarmStartError
 
-    keep_freed_memory()  # before the first large tensor (trainer/malloc.py says why)
+    # Before the first large tensor (trainer/malloc.py says why).
+    (keep_freed_memory if cfg.malloc == "keep_freed" else return_freed_memory)()
     t0 = time.perf_counter()
     try:
         history = asyncio.run(train_from_config(cfg))

@@ -183,6 +183,10 @@ class TrainConfig(_Strict):
     micro_batch_size: int = Field(8, ge=1, description="Rollouts per forward/backward.")
     temperature: float = Field(1.0, ge=0)
     seed: int = 0
+    malloc: Literal["keep_freed", "return_freed"] = Field(
+        "keep_freed", description="keep_freed: freed tensor memory stays in the process (faster sampling; RSS stays "
+        "near its peak). return_freed: large allocations go back to the system when freed, for a model that fills "
+        "the machine's memory (trainer/malloc.py).")
     retries: int = Field(1, ge=0, description="Re-runs of an aborted rollout before it is dropped.")
     gen_batch_wait_s: float = Field(0.02, ge=0, description="Wait this long to batch generation.")
     seed_per_request: bool = Field(
