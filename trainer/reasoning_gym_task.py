@@ -7,7 +7,7 @@ from typing import Any
 
 from tito.rollout.state import Rollout, Status
 from trainer.rollout import RolloutSpec
-from trainer.tasks import Decode, tool_call_text
+from trainer.teacher_text import Decode, tool_call_text
 
 
 DEMO_SEED_OFFSET = 100_000_000  # far from any run's seed and from the test split's block (tito.reasoning_gym_tasks)

@@ -23,10 +23,8 @@ answer, which the env then checks against what the sandbox computed).
 
 from __future__ import annotations
 
-import json
 import math
 import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -34,10 +32,10 @@ from tito.answers import answer_matches
 from tito.coding_tasks import load_tasks
 from tito.rollout.state import Rollout, Status
 from tito.types import Message, Role
+from trainer.reasoning_gym_task import ReasoningGymTrainTask
 from trainer.rollout import RolloutSpec
+from trainer.teacher_text import Decode, Encode, call_text, tool_call_text  # noqa: F401 (importers use them from here)
 
-Decode = Callable[[list[int]], str]
-Encode = Callable[[str], list[int]]
 
 
 class Task(Protocol):
@@ -60,14 +58,6 @@ class TeacherTask(Protocol):
     def teacher_turn(self, meta: dict[str, Any], turn: int) -> str: ...
 
 
-def call_text(name: str, arguments: dict[str, Any]) -> str:
-    """A Hermes/Qwen tool call, ended by the turn's stop token."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call><|im_end|>"
-
-
-def tool_call_text(code: str) -> str:
-    """A Hermes/Qwen tool call of `run_python`, ended by the turn's stop token."""
-    return call_text("run_python", {"code": code})
 
 
 def scripted_turn(meta: dict[str, Any], turn: int) -> str:
@@ -350,8 +340,6 @@ def make_task(name: str, params: dict[str, Any], *, seed: int, vocab_size: int) 
     if name == "coding_tasks":
         return CodingTasksTask(seed=seed, **params)
     if name == "reasoning_gym":
-        from trainer.reasoning_gym_task import ReasoningGymTrainTask  # it imports this module: not at the top
-
         return ReasoningGymTrainTask(seed=seed, **params)
     raise ValueError(f"unknown task {name!r}: choose 'arithmetic', 'puzzles', 'coding_tasks', 'reasoning_gym' or "
                      "'token_subset'")
