@@ -9,7 +9,7 @@
 # 4. trains with examples/real_model_grpo.yaml (a short warm start, then GRPO), saving the warm-started policy;
 # 5. evaluates the warm-started policy and the final one on the same 200 problems;
 # 6. prints the table: accuracy with its bootstrap interval, and each change with a paired bootstrap interval.
-# Every step's output stays in OUT (eval-*/rollouts.jsonl has each rollout's text). Takes ~60-90 minutes on 2 cores.
+# Every step's output stays in OUT (eval-*/rollouts.jsonl has each rollout's text). Takes ~50-60 minutes on 2 cores (52 measured).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-runs/real}
