@@ -27,7 +27,8 @@ from trainer import distributed
 from trainer.config import TrainConfig
 from trainer.distributed import Dist
 from trainer.model import freeze_parameters, load_model
-from trainer.tasks import Decode, Encode, Task, make_task
+from trainer.tasks import Task, make_task
+from trainer.teacher_text import Decode, Encode
 
 log = logging.getLogger(__name__)
 

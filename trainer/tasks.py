@@ -34,7 +34,7 @@ from tito.rollout.state import Rollout, Status
 from tito.types import Message, Role
 from trainer.reasoning_gym_task import ReasoningGymTrainTask
 from trainer.rollout import RolloutSpec
-from trainer.teacher_text import Decode, Encode, call_text, tool_call_text  # noqa: F401 (importers use them from here)
+from trainer.teacher_text import Decode, call_text, tool_call_text
 
 
 

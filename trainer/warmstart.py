@@ -41,7 +41,8 @@ from trainer.backends.scripted import ScriptedBackend
 from trainer.config import TrainConfig, WarmStartConfig
 from trainer.model import collate, target_logprobs, trainable
 from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
-from trainer.tasks import Encode, TeacherTask, answers_from_head
+from trainer.tasks import TeacherTask, answers_from_head
+from trainer.teacher_text import Encode
 
 if TYPE_CHECKING:
     from trainer.setup import Run

@@ -25,7 +25,7 @@ from tito.types import StepStatus
 from trainer.backends.scripted import ScriptedBackend
 from trainer.model import build_tiny_qwen3, collate, target_logprobs
 from trainer.rollout import RolloutLimits, RolloutSpec, run_rollouts
-from trainer.tasks import tool_call_text as call
+from trainer.teacher_text import tool_call_text as call
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
