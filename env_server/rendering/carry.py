@@ -6,8 +6,8 @@ newline joins the lines: ``ls \\`` then ``  -la`` becomes ``ls   -la``). A call 
 in the conversation, as the template writes it, as another call than the one run. So registration names the
 values the template cannot write (``FamilyRules.uncarried``, found by rendering ``HAZARDS``), and where it named
 some, each call the model makes is written back through the template and read again: a call that does not come
-back as itself gets an error instead of running (never a silent difference). A call whose values are all
-plain (``PLAIN``: no quote, backslash, bracket or markup character, no space at either end) skips that write-back,
+back as itself gets an error instead of running (never a silent difference). A call whose values are all plain
+strings (``PLAIN``: no quote, backslash, bracket or markup character, no space at either end) skips that write-back,
 which costs a render and a parse: registration checks that the template carries ``PLAIN_SAMPLE``, holding every
 plain character, and a template that does not gets every call written back.
 """
@@ -37,16 +37,13 @@ def uncarried(reads_back: Callable[[str], bool]) -> tuple[str, ...]:
     return tuple(v for v in (*HAZARDS, PLAIN_SAMPLE) if not reads_back(v))
 
 
-def is_plain(value: Any) -> bool:
-    """Whether every string in a JSON value (keys too) is plain, so that a template carrying PLAIN_SAMPLE writes
-    it back as itself."""
-    if isinstance(value, str):
-        return value == value.strip() and PLAIN.issuperset(value)
-    if isinstance(value, dict):
-        return all(is_plain(k) and is_plain(v) for k, v in value.items())
-    if isinstance(value, list):
-        return all(map(is_plain, value))
-    return True  # numbers, booleans, null: the schema's to type, not the template's to carry
+def is_plain(arguments: Any) -> bool:
+    """Whether the arguments are all plain strings (PLAIN, no space at either end) under identifier names: what a
+    template carrying PLAIN_SAMPLE writes back as itself. Other values (numbers, lists, objects) are written back,
+    since a template may write them with its quote inside."""
+    return isinstance(arguments, dict) and all(
+        k.isidentifier() and k.isascii() and isinstance(v, str) and v == v.strip() and PLAIN.issuperset(v)
+        for k, v in arguments.items())
 
 
 def needs_write_back(uncarried_values: tuple[str, ...], arguments: str) -> bool:

@@ -71,9 +71,11 @@ def test_plain_values_skip_the_write_back_only_where_it_would_pass(template, val
 def test_which_calls_are_written_back():
     hazards = ("it's",)
     assert not carry.needs_write_back((), '{"code": "x\\\\y"}')  # the template carries every value
-    assert not carry.needs_write_back(hazards, '{"code": "print(6*7)", "n": 3, "opts": {"a": ["b", null]}}')
+    assert not carry.needs_write_back(hazards, '{"code": "print(6*7)", "path": "a/b.txt"}')
     for arguments in ('{"code": "print(\'x\')"}', '{"code": " lead"}', '{"code": "a\\nb"}', '{"code": "[x]"}',
-                      '{"code": "a\\\\b"}', '{"opts": {"k": "<b>"}}', '{"we\\"ird": "x"}', "not json"):
+                      '{"code": "a\\\\b"}', '{"we\\"ird": "x"}', '{"two words": "x"}', "not json", "[]",
+                      # values other than strings: a template may write them with its own quote inside
+                      '{"code": "x", "n": 3}', '{"opts": {"k": "b"}}', '{"opts": ["b"]}', '{"flag": null}'):
         assert carry.needs_write_back(hazards, arguments), arguments
     # A template that cannot write even the plain sample writes every call back.
     assert carry.needs_write_back((*hazards, carry.PLAIN_SAMPLE), '{"code": "print(6*7)"}')
