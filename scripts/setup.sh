@@ -214,7 +214,8 @@ setup_grpcurl() {
 }
 
 # ----------------------------------------------------------------------------------------- 2-4. docker
-docker_ok() { docker info >/dev/null 2>&1; }
+# A bounded wait: a dockerd that hangs must fail this check, not hang setup (docker's CLI has no timeout of its own).
+docker_ok() { timeout 30 docker info >/dev/null 2>&1; }
 
 setup_engine() {
     step "Docker engine"

@@ -43,6 +43,8 @@ if [ $# -eq 0 ] && .venv/bin/python -c "import xdist" 2>/dev/null; then
     echo "[test] ${PYTEST[*]} -n 2 --dist loadfile -m 'not exclusive' tests"
     "${PYTEST[@]}" -n 2 --dist loadfile -m "not exclusive" tests || rc=$?
     T1=$SECONDS
+    # What the parallel run left, and a dockerd that answers (restarted if it hangs) for the exclusive tests.
+    bash scripts/dockerd_check.sh || rc=1
     echo "[test] ${PYTEST[*]} -m exclusive tests"
     rc2=0
     "${PYTEST[@]}" -m exclusive tests || rc2=$?
