@@ -28,8 +28,10 @@ report() {
     for p in cpu memory io; do
         [ -r "/proc/pressure/$p" ] && say "pressure $p: $(head -n1 "/proc/pressure/$p")"
     done
-    say "busiest processes:"
-    ps -eo pid,etimes,pcpu,rss,comm --sort=-pcpu --no-headers 2>/dev/null | head -n 6 | sed 's/^/[dockerd-check]   /'
+    # top's second sample: CPU over the last second (ps's %CPU is the average over a process's whole life).
+    say "busiest processes now:"
+    top -b -n 2 -d 1 -w 160 -o %CPU 2>/dev/null | awk '/^top -/ {n++} n == 2' | sed -n '7,12p' \
+        | sed 's/^/[dockerd-check]   /'
     local left
     left=$(leftovers)
     if [ -n "$left" ]; then
