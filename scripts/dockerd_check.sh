@@ -25,6 +25,8 @@ leftovers() {
 
 report() {
     say "load: $(cut -d' ' -f1-3 /proc/loadavg); memory available: $(awk '/MemAvailable/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+    # A full disk stalls dockerd's own writes: the data root's free space (default place; `docker info` may hang).
+    say "free disk: $(df -h --output=avail,pcent,target / /var/lib/docker 2>/dev/null | tail -n +2 | awk '{printf "%s (%s used) on %s; ", $1, $2, $3}')"
     for p in cpu memory io; do
         [ -r "/proc/pressure/$p" ] && say "pressure $p: $(head -n1 "/proc/pressure/$p")"
     done
