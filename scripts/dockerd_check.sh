@@ -73,7 +73,8 @@ else
     for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
     kill -0 "$pid" 2>/dev/null && { say "dockerd ignored TERM; KILL"; kill -KILL "$pid"; sleep 2; }
     rm -f /var/run/docker.pid
-    # setup.sh is idempotent: with everything built, it only starts the daemon (and checks runsc's registration).
+    # setup.sh is idempotent: with everything built it checks each step in seconds, starts the daemon and checks
+    # runsc's registration with it, as it did before the tests (test.sh's exported switches reach it).
     bash scripts/setup.sh >/tmp/tito-dockerd-restart.log 2>&1 || { tail -n 20 /tmp/tito-dockerd-restart.log; say "ERROR: setup could not start dockerd"; exit 1; }
 fi
 if answers; then

@@ -37,7 +37,6 @@ from trainer.rollout import RolloutSpec
 from trainer.teacher_text import Decode, call_text, tool_call_text
 
 
-
 class Task(Protocol):
     name: str
     uses_env: bool
@@ -56,8 +55,6 @@ class TeacherTask(Protocol):
     def demo_specs(self) -> list[RolloutSpec]: ...
 
     def teacher_turn(self, meta: dict[str, Any], turn: int) -> str: ...
-
-
 
 
 def scripted_turn(meta: dict[str, Any], turn: int) -> str:
